@@ -1,0 +1,213 @@
+"""The command line: parse options, build settings, call one core function, print the result."""
+
+from __future__ import annotations
+
+import functools
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
+
+from ragexam.config import StructuredMethod, debug_enabled, load_settings
+from ragexam.errors import RagexamError
+from ragexam.generate import GenerateOptions, run_generate
+from ragexam.runner import Outcome, check_error_rate
+from ragexam.store import StoreRef
+
+app = typer.Typer(
+    help="Evaluate a RAG system over a Chroma collection: generate, answer, judge, stats.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+err = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+OutOpt = Annotated[Path, typer.Option("--out", help="Run folder for every file.")]
+ChromaOpt = Annotated[Path | None, typer.Option("--chroma", help="Chroma persist directory.")]
+UrlOpt = Annotated[str | None, typer.Option("--chroma-url", help="Chroma server URL instead.")]
+CollectionOpt = Annotated[
+    str | None, typer.Option("--collection", help="Collection; may be left out if only one.")
+]
+LimitOpt = Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N rows.")]
+ConcurrencyOpt = Annotated[
+    int | None,
+    typer.Option("--concurrency", min=1, help="LLM calls in flight at once [default: 16]."),
+]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="Chat model for this stage.")]
+DocKeyOpt = Annotated[
+    str | None, typer.Option("--doc-key", help="Metadata field naming a chunk's source document.")
+]
+ErrorRateOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--max-error-rate", min=0, max=1, help="Exit 1 above this share of error rows [0.05]."
+    ),
+]
+MethodOpt = Annotated[
+    StructuredMethod | None,
+    typer.Option("--structured-output", help="How to ask for structured output [json_schema]."),
+]
+ForceOpt = Annotated[
+    bool,
+    typer.Option("--force", help="Redo rows made by another model or prompt instead of refusing."),
+]
+
+
+@app.callback()
+def _commands() -> None:
+    """Evaluate a RAG system over a Chroma collection: generate, answer, judge, stats."""
+
+
+def handled(command: F) -> F:
+    """Turn a RagexamError into one line on stderr and exit 1; bugs keep a traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except RagexamError as exc:
+            err.print(f"Error: {exc}", markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from None
+        except (typer.Exit, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            if debug_enabled():
+                raise
+            last = traceback.extract_tb(exc.__traceback__)[-1]
+            err.print(
+                f"Internal error: {type(exc).__name__} at {Path(last.filename).name}:"
+                f"{last.lineno}. This is a bug; RAGEXAM_DEBUG=1 shows the traceback.",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
+            raise typer.Exit(2) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+class BarProgress:
+    """A rich progress bar on stderr: rows done, errors, rows per second."""
+
+    def __init__(self, bar: Progress, label: str) -> None:
+        self.bar, self.label, self.errors, self.task = bar, label, 0, bar.add_task(label, errors=0)
+
+    def start(self, total: int | None, done_before: int) -> None:
+        """Size the bar; rows already done are mentioned, not counted."""
+        note = f"{self.label} ({done_before} already done)" if done_before else self.label
+        self.bar.update(self.task, total=total, description=note, errors=0)
+
+    def advance(self, ok: bool) -> None:
+        """One more row."""
+        self.errors += not ok
+        self.bar.update(self.task, advance=1, errors=self.errors)
+
+
+class RateColumn(ProgressColumn):
+    """Rows per second, once there is a speed to show."""
+
+    def render(self, task: Task) -> Text:
+        """The current speed."""
+        return Text(f"{task.speed:.1f} rows/s" if task.speed else "- rows/s")
+
+
+@contextmanager
+def progress_bar(label: str) -> Iterator[BarProgress]:
+    """A bar that lives while one stage runs."""
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("[red]{task.fields[errors]} errors"),
+        RateColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=err, transient=False) as bar:
+        yield BarProgress(bar, label)
+
+
+def report(stage: str, outcome: Outcome, path: Path) -> None:
+    """One closing line: what was done, at what speed and token cost, and where it is."""
+    rate = (outcome.ok + outcome.errors) / outcome.seconds if outcome.seconds else 0.0
+    err.print(
+        f"{stage}: {outcome.ok} ok, {outcome.errors} errors this run "
+        f"({outcome.done_before} done before) in {outcome.seconds:.1f}s, {rate:.1f} rows/s; "
+        f"tokens {outcome.prompt_tokens:,} in + {outcome.completion_tokens:,} out -> {path}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    for reason, count in sorted(outcome.reasons.items(), key=lambda item: -item[1])[:3]:
+        err.print(f"  {count} x {reason}", markup=False, highlight=False, soft_wrap=True)
+
+
+def store_ref(chroma: Path | None, chroma_url: str | None, collection: str | None) -> StoreRef:
+    """The store the options point at; one of --chroma and --chroma-url is needed."""
+    if (chroma is None) == (chroma_url is None):
+        raise typer.BadParameter("give exactly one of --chroma PATH and --chroma-url URL")
+    return StoreRef(path=chroma, url=chroma_url, collection=collection)
+
+
+@app.command()
+@handled
+def generate(
+    chroma: ChromaOpt = None,
+    chroma_url: UrlOpt = None,
+    collection: CollectionOpt = None,
+    out: OutOpt = Path("outputs"),
+    limit: LimitOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    model: ModelOpt = None,
+    doc_key: DocKeyOpt = None,
+    max_error_rate: ErrorRateOpt = None,
+    structured_output: MethodOpt = None,
+    force: ForceOpt = False,
+    max_chunk_chars: Annotated[
+        int, typer.Option(min=100, help="Longer chunks are truncated, and the row says so.")
+    ] = 8000,
+) -> None:
+    """Write one question and ground-truth answer per chunk: qa_dataset.csv."""
+    settings = load_settings(
+        generate_model=model,
+        concurrency=concurrency,
+        max_error_rate=max_error_rate,
+        structured_output=structured_output,
+    )
+    options = GenerateOptions(
+        store_ref(chroma, chroma_url, collection), out, limit, doc_key, max_chunk_chars, force
+    )
+    with progress_bar("generate") as bar:
+        outcome, path = run_generate(settings, options, bar)
+    report("generate", outcome, path)
+    check_error_rate(path, settings.max_error_rate)
+
+
+def main() -> None:
+    """Entry point of `ragexam`."""
+    app()
+
+
+def generate_main() -> None:
+    """Entry point of `ragexam-generate`."""
+    typer.run(generate)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,130 @@
+"""Settings: the only reader of the environment and `.env`.
+
+Precedence, highest first: command-line flags, environment variables, `.env` in the
+working directory, then the defaults below. Keys are SecretStr and never leave this object
+unmasked except to build the HTTP client.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from ragexam.errors import ConfigError
+
+Stage = Literal["generate", "answer", "judge"]
+DEFAULT_MODEL = "gpt-4o-mini"
+
+
+class StructuredMethod(StrEnum):
+    """How the model is asked for structured output."""
+
+    json_schema = "json_schema"
+    function_calling = "function_calling"
+    json_mode = "json_mode"
+    prompt = "prompt"  # no server support needed: the schema is in the prompt, the reply parsed
+
+
+def _env(*names: str) -> Any:
+    return Field(None, validation_alias=AliasChoices(*names))
+
+
+class Settings(BaseSettings):
+    """Everything a run needs from flags, the environment and `.env`."""
+
+    model_config = SettingsConfigDict(
+        env_file=".env", extra="ignore", populate_by_name=True, frozen=True
+    )
+
+    openai_api_key: SecretStr | None = _env("openai_api_key", "OPENAI_API_KEY")
+    openai_base_url: str | None = _env("openai_base_url", "OPENAI_BASE_URL")
+    model: str = Field(DEFAULT_MODEL, validation_alias=AliasChoices("model", "RAGEXAM_MODEL"))
+    generate_model: str | None = _env("generate_model", "RAGEXAM_GENERATE_MODEL")
+    answer_model: str | None = _env("answer_model", "RAGEXAM_ANSWER_MODEL")
+    judge_model: str | None = _env("judge_model", "RAGEXAM_JUDGE_MODEL")
+    embedding: str = Field(
+        "collection", validation_alias=AliasChoices("embedding", "RAGEXAM_EMBEDDING")
+    )
+    embedding_base_url: str | None = _env("embedding_base_url", "RAGEXAM_EMBEDDING_BASE_URL")
+    concurrency: int = Field(
+        16, ge=1, le=1024, validation_alias=AliasChoices("concurrency", "RAGEXAM_CONCURRENCY")
+    )
+    timeout: float = Field(60.0, gt=0, validation_alias=AliasChoices("timeout", "RAGEXAM_TIMEOUT"))
+    max_retries: int = Field(
+        4, ge=0, le=20, validation_alias=AliasChoices("max_retries", "RAGEXAM_MAX_RETRIES")
+    )
+    retry_backoff: float = Field(
+        1.0, ge=0, validation_alias=AliasChoices("retry_backoff", "RAGEXAM_RETRY_BACKOFF")
+    )
+    structured_output: StructuredMethod = Field(
+        StructuredMethod.json_schema,
+        validation_alias=AliasChoices("structured_output", "RAGEXAM_STRUCTURED_OUTPUT"),
+    )
+    max_error_rate: float = Field(
+        0.05, ge=0, le=1, validation_alias=AliasChoices("max_error_rate", "RAGEXAM_MAX_ERROR_RATE")
+    )
+
+    def model_for(self, stage: Stage) -> str:
+        """The model a stage uses: its own variable if set, else RAGEXAM_MODEL."""
+        own = {"generate": self.generate_model, "answer": self.answer_model}
+        own["judge"] = self.judge_model
+        return own[stage] or self.model
+
+    def api_key(self) -> SecretStr:
+        """The key to send; a local server (custom base URL) may do without one."""
+        if self.openai_api_key and self.openai_api_key.get_secret_value():
+            return self.openai_api_key
+        if self.openai_base_url:
+            return SecretStr("not-needed")
+        raise ConfigError(
+            "OPENAI_API_KEY is not set: export it or put it in .env, or set OPENAI_BASE_URL "
+            "to a local server (Ollama, vLLM, llama.cpp) that needs no key"
+        )
+
+    def redact(self, text: str) -> str:
+        """Remove the API key and any URL credentials from text bound for a file or screen."""
+        key = self.openai_api_key.get_secret_value() if self.openai_api_key else ""
+        if len(key) >= 4:
+            text = text.replace(key, "***")
+        return _URL_USERINFO.sub(r"\1***@", text)
+
+    def public(self) -> dict[str, Any]:
+        """The settings as plain values, without secrets, for the run manifest."""
+        data = self.model_dump(mode="json", exclude={"openai_api_key"})
+        data["openai_api_key"] = "set" if self.openai_api_key else "unset"
+        for name in ("openai_base_url", "embedding_base_url"):
+            if data[name]:
+                data[name] = self.redact(data[name])
+        return data
+
+
+_URL_USERINFO = re.compile(r"(\w+://)[^/@\s]+@")
+
+
+def load_settings(env_file: Path | None = Path(".env"), **flags: Any) -> Settings:
+    """Build settings; flags that are None were not given and do not override."""
+    given = {name: value for name, value in flags.items() if value is not None}
+    try:
+        return Settings(_env_file=env_file, **given)
+    except ValueError as exc:
+        raise ConfigError(f"invalid setting: {_first_error(exc)}") from None
+
+
+def _first_error(exc: ValueError) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        where = ".".join(str(part) for part in first.get("loc", ()))
+        return f"{where}: {first.get('msg')}"
+    return str(exc).splitlines()[0]
+
+
+def debug_enabled() -> bool:
+    """True when RAGEXAM_DEBUG asks for full tracebacks."""
+    return os.environ.get("RAGEXAM_DEBUG", "").lower() in {"1", "true", "yes"}

@@ -1,0 +1,86 @@
+"""The one error tree of ragexam: every expected failure is a RagexamError.
+
+    RagexamError              caught once by the CLI: "Error: <message>", exit 1
+    ├── ConfigError           a setting is missing or invalid (API key, option values)
+    ├── StoreError            the Chroma store or collection cannot be read as asked
+    ├── InputFileError        an input CSV is missing, unreadable or lacks columns
+    ├── OutputFileError       an existing output cannot be resumed safely
+    ├── PromptError           a prompt file is missing or malformed
+    ├── RowError              one row cannot be done (empty chunk, failing RAG callable)
+    ├── LLMError              one call failed for good (carries attempts and raw output)
+    │   └── OutputError       the model replied, but not with valid structured output
+    ├── AuthError             the endpoint refused the key repeatedly: the run stops
+    └── TooManyErrors         the run finished, with more error rows than allowed
+
+Anything else that escapes is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class RagexamError(Exception):
+    """Base class: an expected failure with a message that says what to do next."""
+
+
+class ConfigError(RagexamError):
+    """A setting is missing or invalid."""
+
+
+class StoreError(RagexamError):
+    """The Chroma store or collection cannot be read as asked."""
+
+
+class InputFileError(RagexamError):
+    """An input CSV is missing, unreadable, or lacks required columns."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        self.path = path
+        super().__init__(f"{path}: {problem}")
+
+
+class OutputFileError(RagexamError):
+    """An existing output file cannot be resumed safely."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        self.path = path
+        super().__init__(f"{path}: {problem}")
+
+
+class PromptError(RagexamError):
+    """A prompt file is missing or malformed."""
+
+
+class RowError(RagexamError):
+    """One row cannot be done; it becomes an `error` row and the run goes on."""
+
+
+class LLMError(RagexamError):
+    """One LLM call failed for good, after `attempts` tries."""
+
+    def __init__(self, reason: str, *, attempts: int = 1, raw: str | None = None) -> None:
+        self.reason = reason
+        self.attempts = attempts
+        self.raw = raw
+        super().__init__(reason)
+
+
+class OutputError(LLMError):
+    """The model replied, but the reply is not valid structured output."""
+
+
+class AuthError(RagexamError):
+    """The endpoint rejected the API key; every further call would fail too."""
+
+
+class TooManyErrors(RagexamError):
+    """More rows ended in error than --max-error-rate allows."""
+
+    def __init__(self, errors: int, total: int, limit: float, path: Path) -> None:
+        self.errors, self.total, self.limit, self.path = errors, total, limit, path
+        share = errors / total if total else 0.0
+        super().__init__(
+            f"{errors} of {total} rows ({share:.1%}) ended in error, above --max-error-rate "
+            f"{limit:g}; the reasons are in the error column of {path}; rerun to retry them"
+        )

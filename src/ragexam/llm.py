@@ -1,0 +1,317 @@
+"""LLM access: ChatOpenAI with a timeout, structured output, and the project's one retry layer.
+
+Retries live here and only here: the openai SDK runs with max_retries=0, so the number of
+HTTP calls per row is at most `max_retries + 1`, whatever fails. 429, 5xx, timeouts,
+connection errors and invalid output are retried with backoff; `Retry-After` is honoured
+and pauses every worker, not just the one that was told. 400, 401, 403 and 404 are not
+retried, except that a 400 saying the structured-output method is unsupported switches to
+the next method (json_schema or function_calling, then json_mode, then prompt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, Generic, TypeVar
+
+import openai
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.runnables import Runnable
+from langchain_openai import ChatOpenAI
+from pydantic import BaseModel, ValidationError
+
+from ragexam.config import Settings, StructuredMethod
+from ragexam.errors import AuthError, LLMError, OutputError
+
+M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+
+RETRYABLE = (
+    openai.RateLimitError,
+    openai.InternalServerError,
+    openai.APITimeoutError,
+    openai.APIConnectionError,
+    openai.ConflictError,
+    OutputError,
+)
+DOWNGRADE = {
+    StructuredMethod.json_schema: StructuredMethod.json_mode,
+    StructuredMethod.function_calling: StructuredMethod.json_mode,
+    StructuredMethod.json_mode: StructuredMethod.prompt,
+}
+UNSUPPORTED_HINTS = ("response_format", "json_schema", "json_object", "tool", "function")
+MAX_RETRY_AFTER = 120.0
+
+
+@dataclass(frozen=True)
+class Reply(Generic[T]):
+    """A successful call: the value, what it cost, and how many HTTP calls it took."""
+
+    value: T
+    prompt_tokens: int
+    completion_tokens: int
+    attempts: int
+    latency: float
+    raw: str
+
+
+class RateGate:
+    """A shared pause: after a 429, no worker sends until the server's wait is over."""
+
+    def __init__(self) -> None:
+        self._until = 0.0
+
+    def hold(self, seconds: float) -> None:
+        """Pause every sender for `seconds` from now."""
+        self._until = max(self._until, time.monotonic() + seconds)
+
+    async def wait(self) -> None:
+        """Sleep until the pause, if any, is over."""
+        # A loop, not an Event: another 429 may push the deadline while we sleep.
+        while (delay := self._until - time.monotonic()) > 0:  # noqa: ASYNC110
+            await asyncio.sleep(delay)
+
+
+class LLM:
+    """One chat model for one stage, with its retry policy and running totals."""
+
+    def __init__(self, settings: Settings, model: str, *, temperature: float | None = None) -> None:
+        self.model = model
+        self.chat = ChatOpenAI(
+            model=model,
+            api_key=settings.api_key(),
+            base_url=settings.openai_base_url,
+            timeout=settings.timeout,
+            max_retries=0,
+            temperature=temperature,
+            # Our own client: langchain-openai's shared default is bound to the first event
+            # loop, and would break the next stage's asyncio.run in the same process.
+            http_async_client=openai.DefaultAsyncHttpxClient(),
+        )
+        self.method = settings.structured_output
+        self.max_retries = settings.max_retries
+        self.backoff = settings.retry_backoff
+        self.redact = settings.redact
+        self.gate = RateGate()
+        self.calls = 0
+        self._runnables: dict[tuple[type[BaseModel], StructuredMethod], Runnable[Any, Any]] = {}
+
+    async def aclose(self) -> None:
+        """Close the HTTP connections of this model."""
+        client = self.chat.http_async_client
+        if client is not None:
+            await client.aclose()
+
+    async def structured(self, messages: list[BaseMessage], schema: type[M]) -> Reply[M]:
+        """Ask for an instance of `schema`; invalid replies are re-asked with the error."""
+        conversation = list(messages)
+
+        async def once() -> tuple[M, AIMessage]:
+            runnable = self._structured_runnable(schema)
+            try:
+                raw = await runnable.ainvoke(_with_schema(conversation, schema, self.method))
+            except openai.LengthFinishReasonError:
+                raise OutputError("the reply was cut off (finish_reason=length)") from None
+            assert isinstance(raw, AIMessage)
+            try:
+                return parse_structured(raw, schema), raw
+            except OutputError as exc:
+                conversation[len(messages) :] = _reask(raw, exc)
+                raise
+
+        return await self._retrying(once)
+
+    async def text(self, messages: list[BaseMessage]) -> Reply[str]:
+        """Ask for plain text."""
+
+        async def once() -> tuple[str, AIMessage]:
+            raw = await self.chat.ainvoke(messages)
+            assert isinstance(raw, AIMessage)
+            if raw.response_metadata.get("finish_reason") == "length":
+                raise OutputError("the reply was cut off (finish_reason=length)")
+            return _content(raw), raw
+
+        return await self._retrying(once)
+
+    def _structured_runnable(self, schema: type[BaseModel]) -> Runnable[Any, Any]:
+        key = (schema, self.method)
+        if key not in self._runnables:  # built once per schema and method, not per call
+            self._runnables[key] = self._build_runnable(schema)
+        return self._runnables[key]
+
+    def _build_runnable(self, schema: type[BaseModel]) -> Runnable[Any, Any]:
+        """The chat model bound to the method's request fields; replies are parsed by us.
+
+        Binding directly, rather than through with_structured_output(include_raw=True),
+        keeps the raw reply for tolerant parsing and costs ~5 ms less CPU per call.
+        """
+        if self.method == StructuredMethod.prompt:
+            return self.chat
+        if self.method == StructuredMethod.function_calling:
+            return self.chat.bind_tools([schema], tool_choice=schema.__name__)
+        if self.method == StructuredMethod.json_mode:
+            return self.chat.bind(response_format={"type": "json_object"})
+        spec = {"name": schema.__name__, "schema": schema.model_json_schema()}
+        return self.chat.bind(response_format={"type": "json_schema", "json_schema": spec})
+
+    async def _retrying(self, once: Callable[[], Awaitable[tuple[T, AIMessage]]]) -> Reply[T]:
+        started, tokens, reason, raw_text = time.monotonic(), [0, 0], "no attempt made", None
+        for attempt in range(1, self.max_retries + 2):
+            await self.gate.wait()
+            self.calls += 1
+            try:
+                value, raw = await once()
+            except Exception as exc:
+                _add_usage(tokens, getattr(exc, "raw_message", None))
+                reason, delay = self._failure(exc, attempt)
+                raw_text = getattr(exc, "raw", None) or raw_text
+                if attempt <= self.max_retries:
+                    await asyncio.sleep(delay)
+                continue
+            _add_usage(tokens, raw)
+            latency = time.monotonic() - started
+            return Reply(value, tokens[0], tokens[1], attempt, latency, _content(raw))
+        attempts = self.max_retries + 1
+        raise LLMError(f"{reason} (after {attempts} attempts)", attempts=attempts, raw=raw_text)
+
+    def _failure(self, exc: Exception, attempt: int) -> tuple[str, float]:
+        """What one failed attempt means: its reason and the wait before the next, or raise."""
+        reason = self.redact(describe(exc))
+        if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
+            raise AuthError(f"the endpoint refused the API key: {reason}") from None
+        if isinstance(exc, openai.BadRequestError) and self._downgrade(reason):
+            return reason, 0.0
+        if not isinstance(exc, RETRYABLE):
+            if isinstance(exc, openai.APIError):
+                raise LLMError(reason, attempts=attempt) from None
+            raise exc  # not an API failure: a bug, keep its traceback
+        waited = retry_after(exc)
+        if waited is not None:
+            self.gate.hold(waited)  # the server said how long: everyone waits
+            return reason, 0.0
+        return reason, self.backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1.0)
+
+    def _downgrade(self, reason: str) -> bool:
+        lowered = reason.lower()
+        if self.method in DOWNGRADE and any(hint in lowered for hint in UNSUPPORTED_HINTS):
+            self.method = DOWNGRADE[self.method]
+            return True
+        return False
+
+
+def describe(exc: BaseException) -> str:
+    """A one-line reason for a failed call."""
+    if isinstance(exc, openai.APIStatusError):
+        message = exc.message
+        body = exc.body
+        if isinstance(body, dict) and isinstance(body.get("message"), str):
+            message = body["message"]
+        text = f"HTTP {exc.status_code}: {message}"
+    elif isinstance(exc, openai.APITimeoutError):
+        text = "the call timed out (RAGEXAM_TIMEOUT)"
+    elif isinstance(exc, openai.APIConnectionError):
+        text = f"cannot connect to the endpoint: {exc.__cause__ or exc}"
+    else:
+        text = str(exc) or type(exc).__name__
+    return " ".join(text.split())[:500]
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """Seconds the server asked us to wait (Retry-After / retry-after-ms), if it said."""
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None)
+    if headers is None:
+        return None
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is not None:
+            try:
+                return min(max(float(value) * scale, 0.0), MAX_RETRY_AFTER)
+            except ValueError:
+                continue  # an HTTP date: rare from LLM servers, fall back to backoff
+    return None
+
+
+def parse_structured(raw: AIMessage, schema: type[M]) -> M:
+    """Validate a reply against `schema`, from a tool call or from JSON in the text."""
+    if raw.response_metadata.get("finish_reason") == "length":
+        raise _output_error("the reply was cut off (finish_reason=length)", raw)
+    if raw.tool_calls:
+        candidate: Any = raw.tool_calls[0]["args"]
+    elif raw.invalid_tool_calls:
+        candidate = tolerant_json(raw.invalid_tool_calls[0].get("args") or "", raw)
+    else:
+        candidate = tolerant_json(_content(raw), raw)
+    try:
+        return schema.model_validate(candidate)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'reply'}: {e['msg']}" for e in exc.errors()
+        )
+        raise _output_error(f"the reply failed validation: {problems}", raw) from None
+
+
+def tolerant_json(text: str, raw: AIMessage | None = None) -> Any:
+    """The first JSON object in text, allowing code fences and prose around it."""
+    start = text.find("{")
+    if start < 0:
+        raise _output_error("the reply holds no JSON object", raw)
+    try:
+        value, _ = json.JSONDecoder().raw_decode(text, start)
+    except json.JSONDecodeError as exc:
+        raise _output_error(f"the reply is not valid JSON ({exc.msg})", raw) from None
+    return value
+
+
+def _output_error(reason: str, raw: AIMessage | None) -> OutputError:
+    error = OutputError(reason, raw=_content(raw) if raw is not None else None)
+    error.raw_message = raw  # type: ignore[attr-defined]
+    return error
+
+
+def _content(raw: AIMessage) -> str:
+    content = raw.content
+    if isinstance(content, str):
+        return content
+    return "".join(part if isinstance(part, str) else str(part.get("text", "")) for part in content)
+
+
+def _add_usage(tokens: list[int], raw: AIMessage | None) -> None:
+    usage = raw.usage_metadata if raw is not None else None
+    if usage:
+        tokens[0] += usage.get("input_tokens", 0)
+        tokens[1] += usage.get("output_tokens", 0)
+
+
+def _reask(raw: AIMessage, exc: OutputError) -> list[BaseMessage]:
+    """Messages that show the model its invalid reply and ask again (instructor-style)."""
+    shown = _content(raw) or json.dumps([call["args"] for call in raw.tool_calls])
+    return [
+        AIMessage(content=shown[:4000]),
+        HumanMessage(content=f"That reply was invalid: {exc.reason}. Reply again, correctly."),
+    ]
+
+
+@cache
+def _schema_text(schema: type[BaseModel]) -> str:
+    return json.dumps(schema.model_json_schema(), indent=1)
+
+
+def _with_schema(
+    messages: list[BaseMessage], schema: type[BaseModel], method: StructuredMethod
+) -> list[BaseMessage]:
+    """In json_mode and prompt mode the server does not know the schema: the prompt says it."""
+    if method not in (StructuredMethod.json_mode, StructuredMethod.prompt):
+        return messages
+    spec = _schema_text(schema)
+    note = f"Reply with one JSON object that follows this JSON schema:\n```json\n{spec}\n```"
+    # Appended to the first system message: many chat templates reject a later one.
+    first, rest = messages[0], messages[1:]
+    if isinstance(first, SystemMessage):
+        return [SystemMessage(content=f"{first.content}\n\n{note}"), *rest]
+    return [SystemMessage(content=note), *messages]

@@ -1,0 +1,250 @@
+"""The stage runner: concurrent rows, each written the moment it lands, resumable after any crash.
+
+Each row runs on its own with its own error handling (never Runnable.batch, which loses
+finished rows when one fails). A row that fails for good is written as an `error` row with
+its reason; only AuthError (the key is refused) stops the run, after a few rows confirm it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from ragexam import __version__
+from ragexam.csvfile import RowLog, read_rows
+from ragexam.errors import AuthError, LLMError, OutputFileError, RagexamError, TooManyErrors
+
+# Columns the runner fills for every stage, after the stage's own.
+RUN_COLUMNS = (
+    "status",
+    "error",
+    "model",
+    "prompt_hash",
+    "prompt_tokens",
+    "completion_tokens",
+    "attempts",
+    "latency_s",
+    "raw_reply",
+)
+AUTH_FAILURES_TO_STOP = 3
+RAW_LIMIT = 2000
+
+
+@dataclass(frozen=True)
+class Task:
+    """One row to do: its key, the columns known up front, and what the work needs."""
+
+    key: str
+    known: Mapping[str, Any]
+    payload: Any = None
+
+
+@dataclass(frozen=True)
+class Stage:
+    """What a stage writes, and the fingerprint (model, prompt) its rows must share."""
+
+    name: str
+    path: Path
+    key: str
+    columns: Sequence[str]
+    model: str
+    prompt_hash: str
+
+    def all_columns(self) -> list[str]:
+        """The output's columns: the key, the stage's own, then the runner's."""
+        return [self.key, *self.columns, *RUN_COLUMNS]
+
+
+@dataclass
+class Outcome:
+    """What a run did: rows by result, and what the calls cost."""
+
+    done_before: int = 0
+    ok: int = 0
+    errors: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+Work = Callable[[Task], Awaitable[dict[str, Any]]]
+
+
+class Progress(Protocol):
+    """Where the runner reports rows as they land (the CLI draws a bar from it)."""
+
+    def start(self, total: int | None, done_before: int) -> None:
+        """The run begins: `total` rows to do, if known, beside those already done."""
+
+    def advance(self, ok: bool) -> None:
+        """One row landed."""
+
+
+class Runner:
+    """Runs a stage's tasks into its RowLog, skipping rows that are already `ok`."""
+
+    def __init__(
+        self,
+        stage: Stage,
+        *,
+        concurrency: int,
+        force: bool = False,
+        redact: Callable[[str], str] = str,
+        progress: Progress | None = None,
+    ) -> None:
+        self.stage = stage
+        self.log = RowLog(stage.path, stage.all_columns())
+        self.concurrency = concurrency
+        self.force = force
+        self.redact = redact
+        self.progress = progress
+        self.outcome = Outcome()
+        self._auth_failures = 0
+        self._previous_errors: dict[str, Mapping[str, Any]] = {}
+        self._started: set[str] = set()
+
+    def resume(self) -> set[str]:
+        """Load the output, keep its `ok` rows, and return their keys (which are skipped)."""
+        ok: dict[str, Mapping[str, Any]] = {}
+        for row in self.log.load():
+            key = row[self.stage.key]
+            if row["status"] == "ok":
+                ok[key] = row
+                self._previous_errors.pop(key, None)
+            elif key not in ok:
+                self._previous_errors[key] = row
+        self._check_fingerprint(ok)
+        self.log.rewrite(ok.values())  # error rows go; they come back retried or untouched
+        self.outcome.done_before = len(ok)
+        return set(ok)
+
+    def _check_fingerprint(self, ok: dict[str, Mapping[str, Any]]) -> None:
+        stale = [key for key, row in ok.items() if self._differs(row)]
+        if not stale:
+            return
+        if not self.force:
+            row = ok[stale[0]]
+            raise OutputFileError(
+                self.stage.path,
+                f"{len(stale)} existing rows came from model {row['model']!r} and prompt "
+                f"{row['prompt_hash']!r}, but this run uses model {self.stage.model!r} and "
+                f"prompt {self.stage.prompt_hash!r}; pass --force to redo them, or use "
+                "another --out",
+            )
+        for key in stale:
+            del ok[key]
+
+    def _differs(self, row: Mapping[str, Any]) -> bool:
+        return (row.get("model"), row.get("prompt_hash")) != (
+            self.stage.model,
+            self.stage.prompt_hash,
+        )
+
+    async def run(self, tasks: Iterable[Task], work: Work) -> Outcome:
+        """Do every task not yet `ok`, `concurrency` at a time, writing rows as they land."""
+        started = time.monotonic()
+        source = iter(tasks)
+        workers = [asyncio.create_task(self._worker(source, work)) for _ in range(self.concurrency)]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            for worker in workers:
+                worker.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            self._restore_untouched_errors()
+            self.log.close()
+            self.outcome.seconds = time.monotonic() - started
+        return self.outcome
+
+    async def _worker(self, source: Iterator[Task], work: Work) -> None:
+        for task in source:
+            self._record(task, await self._attempt(task, work))
+            self._started.add(task.key)  # after the write: Ctrl-C mid-call keeps the old row
+
+    async def _attempt(self, task: Task, work: Work) -> dict[str, Any]:
+        try:
+            values = await work(task)
+        except AuthError as exc:
+            self._auth_failures += 1
+            if self._auth_failures >= AUTH_FAILURES_TO_STOP:
+                raise AuthError(self.redact(str(exc))) from None
+            return self._error_row(exc)
+        except RagexamError as exc:
+            return self._error_row(exc)
+        return {**values, "status": "ok", "error": None}
+
+    def _error_row(self, exc: RagexamError) -> dict[str, Any]:
+        reason = self.redact(" ".join(str(exc).split()))
+        row: dict[str, Any] = {"status": "error", "error": reason}
+        if isinstance(exc, LLMError):
+            row["attempts"] = exc.attempts
+            if exc.raw:
+                row["raw_reply"] = self.redact(exc.raw[:RAW_LIMIT])
+        return row
+
+    def _record(self, task: Task, values: dict[str, Any]) -> None:
+        row = {self.stage.key: task.key, **task.known, **values}
+        row.setdefault("model", self.stage.model)
+        row.setdefault("prompt_hash", self.stage.prompt_hash)
+        self.log.append(row)
+        ok = row["status"] == "ok"
+        if ok:
+            self.outcome.ok += 1
+        else:
+            self.outcome.errors += 1
+            reason = str(row["error"])[:80]
+            self.outcome.reasons[reason] = self.outcome.reasons.get(reason, 0) + 1
+        self.outcome.prompt_tokens += int(row.get("prompt_tokens") or 0)
+        self.outcome.completion_tokens += int(row.get("completion_tokens") or 0)
+        if self.progress is not None:
+            self.progress.advance(ok)
+
+    def _restore_untouched_errors(self) -> None:
+        """Error rows of an earlier run that this run did not reach go back in the file."""
+        for key, row in self._previous_errors.items():
+            if key not in self._started:
+                self.log.append(row)
+        self._started.update(self._previous_errors)
+
+
+def check_error_rate(path: Path, limit: float) -> None:
+    """Raise TooManyErrors when the output holds more error rows than `limit` allows."""
+    statuses = [row.get("status") for row in read_rows(path, ["status"])]
+    errors = sum(status != "ok" for status in statuses)
+    if statuses and errors / len(statuses) > limit:
+        raise TooManyErrors(errors, len(statuses), limit, path)
+
+
+def update_manifest(out: Path, stage: str, record: Mapping[str, Any]) -> Path:
+    """Merge one stage's record into `manifest.json` of the run folder, atomically."""
+    path = out / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    except (OSError, json.JSONDecodeError):
+        manifest = {}  # a torn manifest is rebuilt; the CSVs are the record of results
+    manifest["ragexam_version"] = __version__
+    manifest.setdefault("stages", {})[stage] = {
+        **record,
+        "updated": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    temporary = path.with_name("manifest.json.tmp")
+    temporary.write_text(json.dumps(manifest, indent=2, default=str) + "\n", encoding="utf-8")
+    temporary.replace(path)
+    return path
+
+
+def read_manifest(out: Path) -> dict[str, Any]:
+    """The run folder's manifest, or an empty one."""
+    path = out / "manifest.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}

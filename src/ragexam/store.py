@@ -1,0 +1,158 @@
+"""Read-only access to a Chroma store: open it, pick the collection, page through its chunks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from ragexam.errors import StoreError
+
+DEFAULT_DOC_KEYS = ("source", "document", "doc_id", "file_path", "filename", "title")
+UNKNOWN_DOCUMENT = "(unknown)"
+PAGE_SIZE = 1000
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One record of the collection, with the name of its source document."""
+
+    id: str
+    text: str
+    document: str
+    metadata: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class StoreRef:
+    """Where the chunks live: a persist directory or a server URL, and a collection."""
+
+    path: Path | None = None
+    url: str | None = None
+    collection: str | None = None
+
+    def describe(self) -> str:
+        """A short human name for the store, for messages and the manifest."""
+        return str(self.path) if self.path is not None else str(self.url)
+
+
+def _client_settings() -> Any:
+    from chromadb.config import Settings
+
+    # validate, not apply: opening an older store must never migrate it in place.
+    return Settings(anonymized_telemetry=False, allow_reset=False, migrations="validate")
+
+
+def open_client(ref: StoreRef) -> Any:
+    """A Chroma client for the store, refusing to create one that does not exist."""
+    import chromadb
+
+    if ref.url is not None:
+        parts = urlsplit(ref.url)
+        if not parts.hostname:
+            raise StoreError(f"--chroma-url {ref.url!r} is not a URL like http://localhost:8000")
+        port = parts.port or (443 if parts.scheme == "https" else 8000)
+        try:
+            return chromadb.HttpClient(
+                host=parts.hostname,
+                port=port,
+                ssl=parts.scheme == "https",
+                settings=_client_settings(),
+            )
+        except Exception as exc:
+            raise StoreError(f"cannot reach the Chroma server at {ref.url}: {exc}") from None
+    return _open_persistent(ref.path or Path())
+
+
+def _open_persistent(path: Path) -> Any:
+    import chromadb
+
+    if not path.is_dir():
+        raise StoreError(f"no Chroma store at {path}: the directory does not exist")
+    if not (path / "chroma.sqlite3").is_file():
+        raise StoreError(f"no Chroma store at {path}: it holds no chroma.sqlite3")
+    try:
+        return chromadb.PersistentClient(path=str(path), settings=_client_settings())
+    except Exception as exc:
+        if "migration" in str(exc).lower():
+            raise StoreError(
+                f"the Chroma store at {path} was written by an older Chroma and would be "
+                "migrated in place; ragexam never changes your store: copy the folder and "
+                "point --chroma at the copy"
+            ) from None
+        raise StoreError(f"cannot open the Chroma store at {path}: {exc}") from None
+
+
+def open_collection(ref: StoreRef) -> Any:
+    """The named collection, or the only one; never created, and never empty."""
+    client = open_client(ref)
+    names = sorted(_name(item) for item in client.list_collections())
+    if ref.collection is None:
+        if len(names) != 1:
+            found = ", ".join(names) if names else "none"
+            raise StoreError(
+                f"{ref.describe()} holds {len(names)} collections ({found}): "
+                "choose one with --collection"
+            )
+        name = names[0]
+    elif ref.collection not in names:
+        found = ", ".join(names) if names else "none"
+        raise StoreError(f"no collection {ref.collection!r} in {ref.describe()}; it holds: {found}")
+    else:
+        name = ref.collection
+    collection = client.get_collection(name)
+    if collection.count() == 0:
+        raise StoreError(f"collection {name!r} in {ref.describe()} is empty: nothing to evaluate")
+    return collection
+
+
+def _name(item: Any) -> str:
+    return item if isinstance(item, str) else str(item.name)
+
+
+def document_of(metadata: Mapping[str, Any] | None, doc_key: str | None) -> str:
+    """The source document of a chunk: `doc_key`, else the first default key present."""
+    metadata = metadata or {}
+    for key in (doc_key,) if doc_key else DEFAULT_DOC_KEYS:
+        value = metadata.get(key)
+        if value not in (None, ""):
+            return str(value)
+    return UNKNOWN_DOCUMENT
+
+
+def iter_chunks(
+    collection: Any, doc_key: str | None = None, page_size: int = PAGE_SIZE
+) -> Iterator[Chunk]:
+    """Every chunk of the collection, one page in memory at a time."""
+    offset = 0
+    while True:
+        page = collection.get(limit=page_size, offset=offset, include=["documents", "metadatas"])
+        ids = page["ids"]
+        if offset == 0 and doc_key:
+            _check_doc_key(page["metadatas"] or [], doc_key)
+        for index, chunk_id in enumerate(ids):
+            metadata = (page["metadatas"] or [])[index] or {}
+            text = (page["documents"] or [])[index] or ""
+            yield Chunk(chunk_id, text, document_of(metadata, doc_key), metadata)
+        if len(ids) < page_size:
+            return
+        offset += page_size
+
+
+def _check_doc_key(metadatas: list[Any], doc_key: str) -> None:
+    if metadatas and not any(doc_key in (meta or {}) for meta in metadatas):
+        present = sorted({key for meta in metadatas for key in (meta or {})})
+        raise StoreError(
+            f"no chunk has the metadata field {doc_key!r} given by --doc-key; "
+            f"fields present: {', '.join(present) or 'none'}"
+        )
+
+
+def get_chunks(collection: Any, ids: list[str]) -> dict[str, str]:
+    """The texts of the chunks with these ids (those that exist)."""
+    if not ids:
+        return {}
+    found = collection.get(ids=ids, include=["documents"])
+    return dict(zip(found["ids"], [text or "" for text in found["documents"] or []], strict=True))

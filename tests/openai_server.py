@@ -1,0 +1,570 @@
+"""An OpenAI-compatible HTTP server for offline tests: deterministic replies, injectable faults."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import random
+import re
+import socket
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass, field, replace
+from functools import lru_cache, partial
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+JSON = dict[str, Any]
+MODEL = "fake-model"
+# A ```json fence, as chatty models write them and as prompts embed schemas.
+_FENCE = re.compile(r"```json[ \t]*\n(.*?)```", re.DOTALL)
+_ERROR_CODES = {401: "invalid_api_key", 404: "unknown_url", 429: "rate_limit_exceeded"}
+
+
+@dataclass
+class Faults:
+    """Fault-injection knobs; random faults draw once per request against cumulative rates."""
+
+    rate_429: float = 0.0
+    retry_after: str | None = "0"
+    rate_500: float = 0.0
+    rate_hang: float = 0.0
+    hang_seconds: float = 30.0
+    rate_truncate: float = 0.0
+    rate_malformed: float = 0.0
+    max_faults_per_body: int = 2
+    malformed_if: Callable[[str], bool] | None = None
+    status_if: Callable[[str], int | None] | None = None
+
+
+@dataclass
+class Reply:
+    """What a chat completion answers: assistant text or tool arguments, or an HTTP error."""
+
+    status: int = 200
+    content: str | None = None
+    tool_args: str | None = None
+    finish_reason: str = "stop"
+    headers: dict[str, str] = field(default_factory=dict)
+    error_message: str | None = None
+
+
+@dataclass
+class Recorded:
+    """One request as received (header names lower-cased) and how it was answered."""
+
+    path: str
+    body: Any
+    headers: dict[str, str]
+    status: int = 0  # 0 while the reply is still pending (e.g. during a hang)
+    fault: str | None = None
+
+
+@dataclass
+class _Out:
+    status: int
+    payload: Any
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class FakeOpenAI:
+    """An OpenAI-compatible server on 127.0.0.1 with deterministic replies and injectable faults."""
+
+    def __init__(
+        self,
+        *,
+        latency: float = 0.0,
+        seed: int = 0,
+        embedding_dim: int = 64,
+        api_key: str | None = None,
+    ) -> None:
+        self.latency = latency
+        self.seed = seed
+        self.embedding_dim = embedding_dim
+        self.api_key = api_key
+        self.faults = Faults()
+        self.responder: Callable[[JSON], Reply | None] | None = None
+        self.embed: Callable[[str], list[float]] | None = None
+        self.requests: list[Recorded] = []
+        self._lock = threading.Lock()
+        self._attempts: dict[str, int] = {}
+        self._faulted: dict[str, int] = {}
+        self._stopping = threading.Event()
+        self._conns: set[socket.socket] = set()
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL to give clients, e.g. http://127.0.0.1:PORT/v1."""
+        if self._server is None:
+            raise RuntimeError("FakeOpenAI is not started")
+        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+
+    def start(self) -> FakeOpenAI:
+        """Bind a free port and serve from a daemon thread; returns self."""
+        if self._server is None:
+            self._stopping.clear()
+            self._server = _Server(("127.0.0.1", 0), partial(_Handler, fake=self))
+            # A short poll interval keeps stop() fast.
+            target = partial(self._server.serve_forever, poll_interval=0.05)
+            self._thread = threading.Thread(target=target, name="fake-openai", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving: wake hung replies, drop open keep-alive connections, free the port."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        self._stopping.set()
+        server.shutdown()
+        server.server_close()
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:  # handler threads blocked reading keep-alive sockets wake up and exit
+            with suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> FakeOpenAI:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def count(self, path_suffix: str = "/chat/completions") -> int:
+        """Number of requests received whose path ends with path_suffix."""
+        with self._lock:
+            return sum(rec.path.endswith(path_suffix) for rec in self.requests)
+
+    def reset(self) -> None:
+        """Forget requests, faults, overrides and attempt memory; latency back to 0."""
+        with self._lock:
+            self.requests.clear()
+            self._attempts.clear()
+            self._faulted.clear()
+        self.faults = Faults()
+        self.responder = None
+        self.embed = None
+        self.latency = 0.0
+
+    # -- request handling (runs on handler threads) --------------------------------------------
+
+    def _respond(self, method: str, path: str, headers: dict[str, str], raw: bytes) -> _Out | None:
+        """Answer one request and record it; None means the server is stopping: send nothing."""
+        rec = Recorded(path=path, body=_parse_json(raw), headers=headers)
+        with self._lock:
+            self.requests.append(rec)
+        try:
+            out = self._route(method, rec)
+        except Exception as exc:  # a broken responder/embed should fail the test, not hang it
+            out = _error(500, f"fake server crashed: {exc!r}")
+        rec.status = out.status
+        self._stopping.wait(self.latency)
+        return None if self._stopping.is_set() else out
+
+    def _route(self, method: str, rec: Recorded) -> _Out:
+        token = rec.headers.get("authorization", "").removeprefix("Bearer ")
+        if self.api_key is not None and token != self.api_key:
+            # The key is echoed verbatim, as OpenAI does, so tests can check clients redact it.
+            return _error(401, f"Incorrect API key provided: {token}.")
+        if method == "GET" and rec.path == "/v1/models":
+            card = {"id": MODEL, "object": "model", "created": 0, "owned_by": "ragexam-tests"}
+            return _Out(200, {"object": "list", "data": [card]})
+        if method != "POST" or rec.path not in ("/v1/chat/completions", "/v1/embeddings"):
+            return _error(404, f"Unknown request URL: {method} {rec.path}")
+        if not isinstance(rec.body, dict):
+            return _error(400, "The request body is not a valid JSON object.")
+        if rec.body.get("stream"):
+            return _error(400, "streaming not supported by the test server")
+        if rec.path == "/v1/chat/completions":
+            return self._chat(rec.body, rec)
+        return self._embeddings(rec.body, rec)
+
+    def _chat(self, body: JSON, rec: Recorded) -> _Out:
+        messages = body.get("messages") or []
+        failure = self._inject(rec, _messages_text(messages), _body_key(messages), chat=True)
+        if failure is not None:
+            return failure
+        reply = (self.responder(body) if self.responder else None) or _default_reply(body)
+        if reply.status != 200:
+            return _error(reply.status, reply.error_message or "error", headers=reply.headers)
+        return _Out(200, _completion(body, _spoil(reply, rec.fault)), dict(reply.headers))
+
+    def _embeddings(self, body: JSON, rec: Recorded) -> _Out:
+        texts = _embedding_inputs(body.get("input"))
+        if texts is None:
+            return _error(400, "'input' must be a string or a list of strings or token lists.")
+        failure = self._inject(rec, "\n".join(texts), _body_key(body["input"]), chat=False)
+        if failure is not None:
+            return failure
+        embed = self.embed or partial(_hashed_embedding, dim=self.embedding_dim)
+        b64 = body.get("encoding_format") == "base64"
+        data = [
+            {"object": "embedding", "index": i, "embedding": _encode(embed(text), b64)}
+            for i, text in enumerate(texts)
+        ]
+        tokens = _word_count(" ".join(texts))
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return _Out(200, {"object": "list", "data": data, "model": _model(body), "usage": usage})
+
+    def _inject(self, rec: Recorded, text: str, key: str, *, chat: bool) -> _Out | None:
+        """Set rec.fault and return the error reply it calls for; a hang only delays."""
+        faults = self.faults
+        status = faults.status_if(text) if faults.status_if else None
+        if status is not None:
+            rec.fault = "status_if"
+            return _error(status, f"Injected HTTP {status} (status_if).")
+        if chat and faults.malformed_if is not None and faults.malformed_if(text):
+            rec.fault = "malformed"  # forced: outside the random draw and its cap
+        else:
+            rec.fault = self._draw_fault(key, chat=chat)
+        if rec.fault == "429":
+            headers = {} if faults.retry_after is None else {"Retry-After": faults.retry_after}
+            return _error(429, "Rate limit reached (injected).", headers=headers)
+        if rec.fault == "500":
+            return _error(500, "The server had an error (injected).")
+        if rec.fault == "hang":
+            self._stopping.wait(faults.hang_seconds)  # stop() sets the event: no long wait
+        return None
+
+    def _draw_fault(self, key: str, *, chat: bool) -> str | None:
+        """This attempt's random fault: reproducible per (seed, body, attempt), capped per body."""
+        faults = self.faults
+        bands = [("429", faults.rate_429), ("500", faults.rate_500), ("hang", faults.rate_hang)]
+        if chat:
+            bands += [("truncate", faults.rate_truncate), ("malformed", faults.rate_malformed)]
+        with self._lock:
+            attempt = self._attempts.get(key, 0)
+            self._attempts[key] = attempt + 1
+            if self._faulted.get(key, 0) >= faults.max_faults_per_body:
+                return None
+            draw = random.Random(f"{self.seed}:{key}:{attempt}").random()
+            edge = 0.0
+            for name, rate in bands:
+                edge += rate
+                if draw < edge:
+                    self._faulted[key] = self._faulted.get(key, 0) + 1
+                    return name
+        return None
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True  # stop() must never wait for a handler thread
+    request_queue_size = 256  # the default backlog of 5 resets connections under bursts
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Clients hanging up (timeouts, stop()) are routine here; anything else is a real bug.
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as real clients pool connections
+
+    def __init__(self, *args: Any, fake: FakeOpenAI, **kwargs: Any) -> None:
+        self.fake = fake
+        super().__init__(*args, **kwargs)
+
+    def setup(self) -> None:
+        super().setup()
+        # Headers and body go out as two writes; without NODELAY, Nagle plus delayed ACK
+        # would add ~40 ms to every reply.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with self.fake._lock:
+            self.fake._conns.add(self.connection)
+
+    def finish(self) -> None:
+        with self.fake._lock:
+            self.fake._conns.discard(self.connection)
+        with suppress(OSError):
+            super().finish()
+
+    def do_GET(self) -> None:
+        self._serve()
+
+    def do_POST(self) -> None:
+        self._serve()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # keep pytest output clean; fake.requests is the log
+
+    def _serve(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        out = self.fake._respond(self.command, self.path.split("?")[0], headers, raw)
+        if out is None:
+            self.close_connection = True
+            return
+        data = json.dumps(out.payload).encode()
+        self.send_response(out.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in out.headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+
+# -- pure helpers ---------------------------------------------------------------------------------
+
+
+def _parse_json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> _Out:
+    """An OpenAI-style error body: {"error": {"message", "type", "param", "code"}}."""
+    kind = "requests" if status == 429 else "invalid_request_error"
+    kind = "server_error" if status >= 500 else kind
+    error = {"message": message, "type": kind, "param": None, "code": _ERROR_CODES.get(status)}
+    return _Out(status, {"error": error}, dict(headers or {}))
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _body_key(value: Any) -> str:
+    """The attempt-memory key: sha256 of canonical JSON, so retries of one body share it."""
+    return _sha(json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False))
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, list):  # multi-part content: keep the text parts
+        return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return "" if content is None else str(content)
+
+
+def _messages_text(messages: list[JSON]) -> str:
+    return "\n".join(_content_text(message.get("content")) for message in messages)
+
+
+def _last_user_words(messages: list[JSON]) -> list[str]:
+    users = [message for message in messages if message.get("role") == "user"] or messages
+    return _content_text(users[-1].get("content")).split() if users else []
+
+
+def _word_count(text: str) -> int:
+    return max(1, len(text.split()))
+
+
+def _model(body: JSON) -> str:
+    return str(body.get("model") or MODEL)
+
+
+# -- default replies ------------------------------------------------------------------------------
+
+
+def _default_reply(body: JSON) -> Reply:
+    """The reply a cooperative model would give: schema-shaped JSON, a tool call, or a sentence."""
+    messages = body.get("messages") or []
+    key, words = _body_key(messages), _last_user_words(messages)
+    response_format = body.get("response_format") or {}
+    if response_format.get("type") == "json_schema":
+        schema = response_format.get("json_schema", {}).get("schema", {})
+        return Reply(content=json.dumps(_fake(schema, schema, key, words)))
+    tool = _pick_tool(body)
+    if tool is not None:
+        schema = tool.get("parameters") or {}
+        args = json.dumps(_fake(schema, schema, key, words))
+        return Reply(tool_args=args, finish_reason="tool_calls")
+    schema = _prompt_schema(messages)
+    if schema is None:
+        return Reply(content=f"Reply {key[:8]}: " + " ".join(words[:12]))
+    data = json.dumps(_fake(schema, schema, key, words), indent=2)
+    if response_format.get("type") == "json_object":
+        return Reply(content=data)
+    return Reply(content=f"Here is the JSON you asked for.\n```json\n{data}\n```")
+
+
+def _pick_tool(body: JSON) -> JSON | None:
+    """The function to call: the one tool_choice names, else the first; None without tools."""
+    tools = [tool.get("function") or {} for tool in body.get("tools") or []]
+    choice = body.get("tool_choice")
+    if not tools or choice == "none":
+        return None
+    wanted = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    return next((tool for tool in tools if tool.get("name") == wanted), tools[0])
+
+
+def _prompt_schema(messages: list[JSON]) -> JSON | None:
+    """The first ```json fence in the prompt that holds a JSON schema with properties."""
+    for match in _FENCE.finditer(_messages_text(messages)):
+        found = _parse_json(match.group(1).encode())
+        if isinstance(found, dict) and "properties" in found:
+            return found
+    return None
+
+
+def _fake(schema: Any, root: JSON, path: str, words: list[str]) -> Any:
+    """A deterministic instance of schema; path seeds the values and ends in the property name."""
+    node = _resolve(schema, root)
+    if path.count(".") > 12:  # stop recursive schemas; null is the least wrong value
+        return None
+    digest = _sha(path)
+    pick = int(digest[:12], 16)
+    if "const" in node:
+        return node["const"]
+    if node.get("enum"):
+        return node["enum"][pick % len(node["enum"])]
+    kind = _kind(node)
+    if kind == "object":
+        properties = node.get("properties") or {}
+        return {name: _fake(sub, root, f"{path}.{name}", words) for name, sub in properties.items()}
+    if kind == "array":
+        count = max(1, int(node.get("minItems", 1)))
+        return [_fake(node.get("items") or {}, root, path, words) for _ in range(count)]
+    return _scalar(kind, node, path.rsplit(".", 1)[-1], digest, words)
+
+
+def _resolve(node: Any, root: JSON) -> JSON:
+    """Follow $ref (JSON pointers into root) and take the first non-null anyOf/oneOf branch."""
+    while isinstance(node, dict):
+        if "$ref" in node:
+            target: Any = root
+            for part in str(node["$ref"]).removeprefix("#/").split("/"):
+                target = target[part]
+            node = target
+        elif "anyOf" in node or "oneOf" in node:
+            options = node.get("anyOf") or node.get("oneOf") or [{}]
+            node = next((o for o in options if o.get("type") != "null"), options[0])
+        else:
+            return node
+    return {}
+
+
+def _kind(node: JSON) -> str:
+    kind = node.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind is None:
+        kind = "object" if "properties" in node else "array" if "items" in node else "string"
+    return str(kind)
+
+
+def _scalar(kind: str, node: JSON, name: str, digest: str, words: list[str]) -> Any:
+    pick = int(digest[12:24], 16)
+    if kind == "integer":
+        low, high = _bounds(node, span=10, step=1)
+        return int(low) + pick % (int(high) - int(low) + 1)
+    if kind == "number":
+        low, high = _bounds(node, span=1, step=0)
+        fraction = 0.05 + 0.9 * (pick % 1001) / 1000  # interior, so exclusive bounds hold too
+        return min(max(round(low + fraction * (high - low), 2), low), high)
+    if kind == "boolean":
+        return pick % 2 == 0
+    if kind == "null":
+        return None
+    text = " ".join([name, digest[:8], *words[:4]])
+    return text[: int(node.get("maxLength", len(text)))]
+
+
+def _bounds(node: JSON, *, span: float, step: float) -> tuple[float, float]:
+    """A numeric schema's [low, high]; exclusive bounds move inwards by step."""
+    low = node.get("minimum", node.get("exclusiveMinimum", -step) + step)
+    high = node.get("maximum", node.get("exclusiveMaximum", low + span + step) - step)
+    return float(low), max(float(low), float(high))
+
+
+# -- faults and response bodies -------------------------------------------------------------------
+
+
+def _spoil(reply: Reply, fault: str | None) -> Reply:
+    """Apply a content fault: truncate (half, finish_reason "length") or malformed JSON."""
+    if fault == "truncate":
+        cut = _half
+    elif fault == "malformed":
+        cut = _mangle
+    else:
+        return reply
+    finish = "length" if fault == "truncate" else reply.finish_reason
+    content = None if reply.content is None else cut(reply.content)
+    tool_args = None if reply.tool_args is None else cut(reply.tool_args)
+    return replace(reply, content=content, tool_args=tool_args, finish_reason=finish)
+
+
+def _half(text: str) -> str:
+    return text[: len(text) // 2]
+
+
+def _mangle(text: str) -> str:
+    """Break JSON past repair: cut it and append junk that no JSON text can contain."""
+    fence = _FENCE.search(text)
+    if fence:  # spoil the JSON inside the fence, so fence-extracting clients see broken JSON
+        return text[: fence.start(1)] + _mangle(fence.group(1)) + text[fence.end(1) :]
+    # Whether the cut lands inside a string or not, ' ",,}' leaves invalid JSON.
+    return text[: max(1, len(text) * 2 // 3)] + ' ",,}'
+
+
+def _completion(body: JSON, reply: Reply) -> JSON:
+    """A chat.completion object carrying reply, with word-count usage."""
+    message: JSON = {"role": "assistant", "content": reply.content, "refusal": None}
+    if reply.tool_args is not None:
+        name = (_pick_tool(body) or {}).get("name", "tool")
+        function = {"name": name, "arguments": reply.tool_args}
+        call_id = "call_" + _sha(reply.tool_args)[:12]
+        message["tool_calls"] = [{"id": call_id, "type": "function", "function": function}]
+    prompt = _word_count(_messages_text(body.get("messages") or []))
+    completion = _word_count(f"{reply.content or ''} {reply.tool_args or ''}")
+    total = prompt + completion
+    choice = {"index": 0, "message": message, "finish_reason": reply.finish_reason}
+    return {
+        "id": "chatcmpl-" + _body_key(body)[:24],
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": _model(body),
+        "choices": [choice],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": total},
+    }
+
+
+# -- embeddings -----------------------------------------------------------------------------------
+
+
+def _embedding_inputs(value: Any) -> list[str] | None:
+    """The texts to embed: a string, strings, or token lists (embedded as their str())."""
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list) or not value:
+        return None
+    if all(isinstance(item, int) for item in value):  # one token list
+        return [str(value)]
+    return [item if isinstance(item, str) else str(item) for item in value]
+
+
+@lru_cache(maxsize=65536)
+def _word_slot(word: str, dim: int) -> tuple[int, float]:
+    number = int(_sha(word)[:16], 16)
+    return number % dim, 1.0 if number >> 63 else -1.0
+
+
+def _hashed_embedding(text: str, *, dim: int) -> list[float]:
+    """Signed hashed bag of words, L2-normalised: shared words mean higher cosine similarity."""
+    vector = [0.0] * dim
+    for word in re.findall(r"\w+", text.lower()):
+        slot, sign = _word_slot(word, dim)
+        vector[slot] += sign
+    norm = sum(x * x for x in vector) ** 0.5
+    if norm == 0:  # no words: any unit vector beats a zero one (cosine would divide by zero)
+        return [1.0] + [0.0] * (dim - 1)
+    return [x / norm for x in vector]
+
+
+def _encode(vector: list[float], b64: bool) -> list[float] | str:
+    """float32 either way, so the float and base64 encodings decode to identical vectors."""
+    packed = struct.pack(f"<{len(vector)}f", *vector)
+    if b64:
+        return base64.b64encode(packed).decode("ascii")
+    return list(struct.unpack(f"<{len(vector)}f", packed))
