@@ -103,15 +103,31 @@ def handled(command: F) -> F:
 
 
 class BarProgress:
-    """A rich progress bar on stderr: rows done, errors, rows per second."""
+    """A rich progress bar on stderr: rows done, errors, rows per second.
 
-    def __init__(self, bar: Progress, label: str) -> None:
-        self.bar, self.label, self.errors, self.task = bar, label, 0, bar.add_task(label, errors=0)
+    It appears only when the run starts, so a fail-fast error stays one line.
+    """
+
+    def __init__(self, label: str) -> None:
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("[red]{task.fields[errors]} errors"),
+            RateColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+        )
+        self.bar = Progress(*columns, console=err)
+        self.label, self.errors = label, 0
+        self.task = self.bar.add_task(label, errors=0, start=False)
 
     def start(self, total: int | None, done_before: int) -> None:
-        """Size the bar; rows already done are mentioned, not counted."""
+        """Show the bar; rows already done are mentioned, not counted."""
         note = f"{self.label} ({done_before} already done)" if done_before else self.label
-        self.bar.update(self.task, total=total, description=note, errors=0)
+        self.bar.update(self.task, total=total, description=note)
+        self.bar.start_task(self.task)
+        self.bar.start()
 
     def advance(self, ok: bool) -> None:
         """One more row."""
@@ -130,17 +146,11 @@ class RateColumn(ProgressColumn):
 @contextmanager
 def progress_bar(label: str) -> Iterator[BarProgress]:
     """A bar that lives while one stage runs."""
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("[red]{task.fields[errors]} errors"),
-        RateColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=err, transient=False) as bar:
-        yield BarProgress(bar, label)
+    progress = BarProgress(label)
+    try:
+        yield progress
+    finally:
+        progress.bar.stop()
 
 
 def report(stage: str, outcome: Outcome, path: Path) -> None:

@@ -1,0 +1,166 @@
+"""Bad input fails fast and touches nothing; keys never leak; a killed run resumes exactly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import chromadb
+import pytest
+from chromadb.api.client import SharedSystemClient
+from conftest import build_store, read_csv, run_cli, snapshot
+from openai_server import FakeOpenAI
+from test_generate import docs
+
+PLANTED = "sk-planted-4f9c2e7a1b3d5f6e8a9b0c1d2e3f4a5b"
+
+
+def one_line(output: str) -> str:
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert len(lines) == 1, output
+    assert lines[0].startswith("Error: ")
+    return lines[0]
+
+
+def test_missing_store_is_not_created(env: FakeOpenAI, tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-store"
+    result = run_cli("generate", "--chroma", str(missing), "--out", "run")
+    assert result.exit_code == 1
+    assert "no Chroma store" in one_line(result.output)
+    assert not missing.exists()
+    assert env.count() == 0
+
+
+def test_wrong_collection_names_the_ones_there(env: FakeOpenAI, tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", docs(5))
+    before = snapshot(store)
+    result = run_cli("generate", "--chroma", str(store), "--collection", "nope", "--out", "run")
+    assert result.exit_code == 1
+    assert "'nope'" in one_line(result.output) and "handbook" in result.output
+    assert snapshot(store) == before
+    assert env.count() == 0
+
+
+def test_empty_collection(env: FakeOpenAI, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    chromadb.PersistentClient(path=str(store)).create_collection("empty")
+    SharedSystemClient.clear_system_cache()
+    before = snapshot(store)
+    result = run_cli("generate", "--chroma", str(store), "--out", "run")
+    assert result.exit_code == 1
+    assert "empty" in one_line(result.output)
+    assert snapshot(store) == before == {"empty": ([], [], [], [])}
+    assert env.count() == 0
+
+
+def test_several_collections_need_a_name(env: FakeOpenAI, tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", docs(3))
+    build_store(store, docs(3, "Other"), collection="second")
+    result = run_cli("generate", "--chroma", str(store), "--out", "run")
+    assert result.exit_code == 1
+    assert "--collection" in one_line(result.output) and "second" in result.output
+    assert env.count() == 0
+
+
+def test_no_api_key_with_the_default_endpoint(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = build_store(tmp_path / "store", docs(5))
+    before = snapshot(store)
+    monkeypatch.delenv("OPENAI_API_KEY")
+    monkeypatch.delenv("OPENAI_BASE_URL")
+    result = run_cli("generate", "--chroma", str(store), "--out", "run")
+    assert result.exit_code == 1
+    assert "OPENAI_API_KEY" in one_line(result.output)
+    assert snapshot(store) == before
+    assert env.count() == 0
+
+
+def test_a_local_server_needs_no_key(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = build_store(tmp_path / "store", docs(3))
+    monkeypatch.delenv("OPENAI_API_KEY")
+    result = run_cli("generate", "--chroma", str(store), "--out", "run")
+    assert result.exit_code == 0, result.output
+    assert env.count() == 3
+
+
+def test_a_refused_key_stops_the_run_and_leaks_nowhere(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = build_store(tmp_path / "store", docs(50))
+    env.api_key = "sk-the-right-one"  # the server echoes a wrong key back in its 401 message
+    monkeypatch.setenv("OPENAI_API_KEY", PLANTED)
+    result = run_cli("generate", "--chroma", str(store), "--out", "run", "--concurrency", "2")
+    assert result.exit_code == 1
+    assert "refused the API key" in result.output
+    assert env.count() < 10  # stopped early, not 50 calls of 401s
+    assert any(PLANTED in str(r.body) or PLANTED in str(r.headers) for r in env.requests)
+    written = [path.read_text() for path in (tmp_path / "run").iterdir()]
+    assert written and not [text for text in written if PLANTED in text]
+    assert PLANTED not in result.output
+    assert "***" in "".join(written)  # the reason was kept, with the key masked
+
+
+def test_a_planted_key_is_in_no_output_of_a_good_run(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = build_store(tmp_path / "store", docs(5))
+    monkeypatch.setenv("OPENAI_API_KEY", PLANTED)
+    monkeypatch.setenv("OPENAI_BASE_URL", env.base_url.replace("://", "://user:hunter2@"))
+    result = run_cli("generate", "--chroma", str(store), "--out", "run")
+    assert result.exit_code == 0, result.output
+    for path in (tmp_path / "run").iterdir():
+        text = path.read_text()
+        assert PLANTED not in text and "hunter2" not in text, path
+    assert '"openai_api_key": "set"' in (tmp_path / "run" / "manifest.json").read_text()
+
+
+def test_sigkill_midway_then_rerun_loses_nothing_and_repeats_little(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    store = build_store(tmp_path / "store", docs(120))
+    env.latency = 0.1
+    concurrency = 8
+    args = ["generate", "--chroma", str(store), "--out", "run", "--concurrency", str(concurrency)]
+    output = tmp_path / "run" / "qa_dataset.csv"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ragexam.cli", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and _lines(output) < 60:
+        time.sleep(0.02)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    first_run = [_chunk_of(r.body) for r in env.requests]
+    survived = {row["chunk_id"] for row in read_csv(output)}  # also repairs a torn tail
+    assert 30 < len(survived) < 120
+
+    env.latency = 0.0
+    result = run_cli(*args)
+    assert result.exit_code == 0, result.output
+    rows = read_csv(output)
+    assert sorted(row["chunk_id"] for row in rows) == sorted(f"chunk-{i:04d}" for i in range(120))
+    assert {row["status"] for row in rows} == {"ok"}
+    second_run = [_chunk_of(r.body) for r in env.requests[len(first_run) :]]
+    assert not survived & set(second_run)  # finished rows were not asked again
+    assert len(set(first_run) & set(second_run)) <= concurrency  # only the in-flight ones
+
+
+def _lines(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def _chunk_of(body: dict[str, object]) -> str:
+    text = str(body["messages"])
+    return "chunk-%04d" % int(text.split("widget ", 1)[1].split(" ", 1)[0])
