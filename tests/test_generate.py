@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import build_store, read_csv, run_cli, snapshot
+from conftest import build_store, read_csv, run_cli
 from langchain_core.documents import Document
-from openai_server import Faults, FakeOpenAI, Reply
+from openai_server import FakeOpenAI, Faults, Reply
 
 from ragexam.generate import qa_id_for
 
