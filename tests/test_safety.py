@@ -163,4 +163,4 @@ def _lines(path: Path) -> int:
 
 def _chunk_of(body: dict[str, object]) -> str:
     text = str(body["messages"])
-    return "chunk-%04d" % int(text.split("widget ", 1)[1].split(" ", 1)[0])
+    return f"chunk-{int(text.split('widget ', 1)[1].split(' ', 1)[0]):04d}"
