@@ -15,8 +15,17 @@ from pydantic import BaseModel, Field, field_validator
 from ragexam.config import Settings
 from ragexam.errors import RowError
 from ragexam.llm import LLM
-from ragexam.prompts import load_prompt
-from ragexam.runner import Outcome, Progress, Runner, Stage, Task, update_manifest
+from ragexam.prompts import Prompt, load_prompt
+from ragexam.runner import (
+    Outcome,
+    Progress,
+    Runner,
+    Stage,
+    Task,
+    Work,
+    run_closing,
+    update_manifest,
+)
 from ragexam.store import StoreRef, iter_chunks, open_collection
 
 QA_FILE = "qa_dataset.csv"
@@ -73,46 +82,36 @@ def run_generate(
     )
     done = runner.resume()
     wanted = min(collection.count(), options.limit or collection.count())
-    record = _manifest(settings, options, llm, prompt.hash, collection.name)
-    update_manifest(options.out, "generate", {**record, "status": "running"})
     if progress is not None:
         progress.start(max(wanted - len(done), 0), len(done))
     chunks = islice(iter_chunks(collection, options.doc_key), options.limit)
+    tasks = _tasks(chunks, done, options.max_chunk_chars)
+    record = _manifest(settings, options, llm, prompt.hash, collection.name)
+    update_manifest(options.out, "generate", {**record, "status": "running"})
+    try:
+        asyncio.run(run_closing(runner, tasks, _work(llm, prompt), llm))
+    finally:
+        record.update(status="finished", calls=llm.calls, structured_output=llm.method.value)
+        update_manifest(options.out, "generate", {**record, **runner.outcome.record()})
+    return runner.outcome, stage.path
+
+
+def _work(llm: LLM, prompt: Prompt) -> Work:
+    """One row: ask for a QAPair about the chunk."""
 
     async def work(task: Task) -> dict[str, Any]:
         text: str = task.payload
         if not text.strip():  # nothing to ask about: an error row, and no paid call
             raise RowError("the chunk is empty or whitespace only; nothing to ask about")
-        reply = await llm.structured(
-            prompt.template.format_messages(
-                **prompt.fill(chunk=text, document=str(task.known["document"]))
-            ),
-            QAPair,
-        )
+        values = prompt.fill(chunk=text, document=str(task.known["document"]))
+        reply = await llm.structured(prompt.template.format_messages(**values), QAPair)
         return {
             "question": reply.value.question,
             "ground_truth_answer": reply.value.answer,
-            "prompt_tokens": reply.prompt_tokens,
-            "attempts": reply.attempts,
-            "completion_tokens": reply.completion_tokens,
-            "latency_s": round(reply.latency, 3),
+            **reply.cost(),
         }
 
-    tasks = _tasks(chunks, done, options.max_chunk_chars)
-    try:
-        outcome = asyncio.run(runner.run(tasks, work))
-    finally:
-        update_manifest(
-            options.out,
-            "generate",
-            {
-                **record,
-                "status": "finished",
-                "calls": llm.calls,
-                "structured_output": llm.method.value,
-            },
-        )
-    return outcome, stage.path
+    return work
 
 
 def _tasks(chunks: Iterator[Any], done: set[str], max_chars: int) -> Iterator[Task]:

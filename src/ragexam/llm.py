@@ -59,6 +59,15 @@ class Reply(Generic[T]):
     latency: float
     raw: str
 
+    def cost(self) -> dict[str, Any]:
+        """The per-row columns every stage records about its call."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "attempts": self.attempts,
+            "latency_s": round(self.latency, 3),
+        }
+
 
 class RateGate:
     """A shared pause: after a 429, no worker sends until the server's wait is over."""
@@ -113,10 +122,7 @@ class LLM:
 
         async def once() -> tuple[M, AIMessage]:
             runnable = self._structured_runnable(schema)
-            try:
-                raw = await runnable.ainvoke(_with_schema(conversation, schema, self.method))
-            except openai.LengthFinishReasonError:
-                raise OutputError("the reply was cut off (finish_reason=length)") from None
+            raw = await runnable.ainvoke(_with_schema(conversation, schema, self.method))
             assert isinstance(raw, AIMessage)
             try:
                 return parse_structured(raw, schema), raw
@@ -147,17 +153,20 @@ class LLM:
     def _build_runnable(self, schema: type[BaseModel]) -> Runnable[Any, Any]:
         """The chat model bound to the method's request fields; replies are parsed by us.
 
-        Binding directly, rather than through with_structured_output(include_raw=True),
-        keeps the raw reply for tolerant parsing and costs ~5 ms less CPU per call.
+        Binding directly, rather than through with_structured_output(include_raw=True), keeps
+        the raw reply for tolerant parsing and saves ~5 ms of CPU per call. response_format
+        goes in extra_body: as a top-level field it sends the call through the SDK's parse()
+        path, ~1 ms more per call, for parsing we do not use.
         """
         if self.method == StructuredMethod.prompt:
             return self.chat
         if self.method == StructuredMethod.function_calling:
             return self.chat.bind_tools([schema], tool_choice=schema.__name__)
         if self.method == StructuredMethod.json_mode:
-            return self.chat.bind(response_format={"type": "json_object"})
+            return self.chat.bind(extra_body={"response_format": {"type": "json_object"}})
         spec = {"name": schema.__name__, "schema": schema.model_json_schema()}
-        return self.chat.bind(response_format={"type": "json_schema", "json_schema": spec})
+        format_ = {"type": "json_schema", "json_schema": spec}
+        return self.chat.bind(extra_body={"response_format": format_})
 
     async def _retrying(self, once: Callable[[], Awaitable[tuple[T, AIMessage]]]) -> Reply[T]:
         started, tokens, reason, raw_text = time.monotonic(), [0, 0], "no attempt made", None

@@ -73,6 +73,19 @@ class Outcome:
     seconds: float = 0.0
     reasons: dict[str, int] = field(default_factory=dict)
 
+    def record(self) -> dict[str, Any]:
+        """The figures that go into the manifest."""
+        rows = self.ok + self.errors
+        return {
+            "rows_ok": self.ok,
+            "rows_error": self.errors,
+            "rows_done_before": self.done_before,
+            "seconds": round(self.seconds, 3),
+            "rows_per_second": round(rows / self.seconds, 2) if self.seconds else None,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+        }
+
 
 Work = Callable[[Task], Awaitable[dict[str, Any]]]
 
@@ -212,6 +225,14 @@ class Runner:
             if key not in self._started:
                 self.log.append(row)
         self._started.update(self._previous_errors)
+
+
+async def run_closing(runner: Runner, tasks: Iterable[Task], work: Work, llm: Any) -> Outcome:
+    """Run the tasks, then close the model's connections inside the same event loop."""
+    try:
+        return await runner.run(tasks, work)
+    finally:
+        await llm.aclose()
 
 
 def check_error_rate(path: Path, limit: float) -> None:
