@@ -50,7 +50,8 @@ def build_store(path: Path, rows: int) -> None:
     for start in range(0, rows, 1000):
         ids = [f"chunk-{i:06d}" for i in range(start, min(start + 1000, rows))]
         collection.add(
-            ids=ids, embeddings=[[float(i % 7), 1.0, 0.5] for i in range(len(ids))],
+            ids=ids,
+            embeddings=[[float(i % 7), 1.0, 0.5] for i in range(len(ids))],
             documents=[f"Fact {i}: widget {i} weighs {i * 3} grams." for i in ids],
             metadatas=[{"source": f"doc{hash(i) % 20}.md"} for i in ids],
         )
@@ -65,9 +66,21 @@ def child_cpu() -> float:
 def run_ragexam(env: dict[str, str], store: Path, out: Path, concurrency: int) -> float:
     """rows/s of the generate stage, as the runner measured its own loop."""
     subprocess.run(
-        [sys.executable, "-m", "ragexam.cli", "generate", "--chroma", str(store), "--out",
-         str(out), "--concurrency", str(concurrency)],
-        env=env, check=True, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "ragexam.cli",
+            "generate",
+            "--chroma",
+            str(store),
+            "--out",
+            str(out),
+            "--concurrency",
+            str(concurrency),
+        ],
+        env=env,
+        check=True,
+        stderr=subprocess.DEVNULL,
     )
     record = json.loads((out / "manifest.json").read_text())["stages"]["generate"]
     return float(record["rows_per_second"])
@@ -76,8 +89,13 @@ def run_ragexam(env: dict[str, str], store: Path, out: Path, concurrency: int) -
 def run_bare(env: dict[str, str], server: FakeOpenAI, rows: int, concurrency: int) -> float:
     """rows/s of a bare SDK loop sending the same request generate sends."""
     body = dict(server.requests[0].body)
-    out = subprocess.run([sys.executable, "-c", BARE_LOOP, str(rows), str(concurrency),
-                          json.dumps(body)], env=env, check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", BARE_LOOP, str(rows), str(concurrency), json.dumps(body)],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return float(out.stdout.strip())
 
 
@@ -103,8 +121,10 @@ def main() -> None:
     print(f"  ceiling   {ceiling:7.1f} rows/s (concurrency / latency)")
     print(f"  ragexam / ceiling  = {ragexam / ceiling:.3f}   (target >= 0.85)")
     print(f"  ragexam / bare SDK = {ragexam / bare:.3f}   (target >= 0.90)")
-    print(f"  client CPU per row, whole process incl. start-up: ragexam "
-          f"{1000 * cpu_ragexam / args.rows:.1f} ms, bare SDK {1000 * cpu_bare / args.rows:.1f} ms")
+    print(
+        f"  client CPU per row, whole process incl. start-up: ragexam "
+        f"{1000 * cpu_ragexam / args.rows:.1f} ms, bare SDK {1000 * cpu_bare / args.rows:.1f} ms"
+    )
 
 
 if __name__ == "__main__":

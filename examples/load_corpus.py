@@ -37,7 +37,8 @@ def embedding_function(spec: str) -> object:
         return embedding_functions.DefaultEmbeddingFunction()
     model = spec.removeprefix("openai:")
     return embedding_functions.OpenAIEmbeddingFunction(
-        model_name=model, api_key_env_var="OPENAI_API_KEY",
+        model_name=model,
+        api_key_env_var="OPENAI_API_KEY",
         api_base=os.environ.get("OPENAI_BASE_URL"),
     )
 
@@ -54,13 +55,17 @@ def main() -> None:
     if args.collection in [c.name for c in client.list_collections()]:
         client.delete_collection(args.collection)
     collection = client.create_collection(
-        args.collection, embedding_function=embedding_function(args.embedding)  # type: ignore[arg-type]
+        args.collection,
+        embedding_function=embedding_function(args.embedding),  # type: ignore[arg-type]
     )
     ids, texts, sources = zip(*chunks(args.corpus), strict=True)
-    collection.add(ids=list(ids), documents=list(texts),
-                   metadatas=[{"source": source} for source in sources])
-    print(f"{len(ids)} chunks from {len(set(sources))} documents -> {args.chroma} "
-          f"(collection {args.collection!r})")
+    collection.add(
+        ids=list(ids), documents=list(texts), metadatas=[{"source": source} for source in sources]
+    )
+    print(
+        f"{len(ids)} chunks from {len(set(sources))} documents -> {args.chroma} "
+        f"(collection {args.collection!r})"
+    )
 
 
 if __name__ == "__main__":

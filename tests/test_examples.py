@@ -1,0 +1,43 @@
+"""The sample corpus loads into a Chroma store with one command, and generate runs on it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import read_csv, run_cli
+from openai_server import FakeOpenAI
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def test_load_corpus_then_generate(env: FakeOpenAI, tmp_path: Path) -> None:
+    store = tmp_path / "chroma"
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLES / "load_corpus.py"),
+            "--chroma",
+            str(store),
+            "--embedding",
+            "openai:text-embedding-3-small",
+        ],
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "19 chunks from 4 documents" in loaded.stdout
+    assert env.count("/embeddings") >= 1
+    result = run_cli("generate", "--chroma", str(store), "--out", "run")
+    assert result.exit_code == 0, result.output
+    rows = read_csv(tmp_path / "run" / "qa_dataset.csv")
+    assert len(rows) == 19 and {row["status"] for row in rows} == {"ok"}
+    assert {row["document"] for row in rows} == {
+        "account.md",
+        "returns-policy.md",
+        "shipping.md",
+        "warranty.md",
+    }
