@@ -23,6 +23,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from ragexam.answer import AnswerOptions, run_answer
 from ragexam.config import StructuredMethod, debug_enabled, load_settings
 from ragexam.errors import RagexamError
 from ragexam.generate import GenerateOptions, run_generate
@@ -209,6 +210,109 @@ def generate(
     check_error_rate(path, settings.max_error_rate)
 
 
+KOpt = Annotated[int, typer.Option("--k", min=1, help="Chunks to retrieve per question.")]
+EmbeddingOpt = Annotated[
+    str | None,
+    typer.Option("--embedding", help="collection (the store's own) or openai:MODEL [collection]."),
+]
+RagOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--rag", help="Your RAG system as module:callable, instead of the built-in chain."
+    ),
+]
+QaOpt = Annotated[
+    Path | None, typer.Option("--qa-dataset", help="Questions to answer [OUT/qa_dataset.csv].")
+]
+
+
+@app.command()
+@handled
+def answer(
+    chroma: ChromaOpt = None,
+    chroma_url: UrlOpt = None,
+    collection: CollectionOpt = None,
+    out: OutOpt = Path("outputs"),
+    qa_dataset: QaOpt = None,
+    k: KOpt = 5,
+    embedding: EmbeddingOpt = None,
+    rag: RagOpt = None,
+    limit: LimitOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    model: ModelOpt = None,
+    max_error_rate: ErrorRateOpt = None,
+    force: ForceOpt = False,
+) -> None:
+    """Have the RAG system answer every question, with the source chunk's rank: answers.csv."""
+    settings = load_settings(
+        answer_model=model,
+        concurrency=concurrency,
+        embedding=embedding,
+        max_error_rate=max_error_rate,
+    )
+    store = (
+        None if rag and not (chroma or chroma_url) else store_ref(chroma, chroma_url, collection)
+    )
+    options = AnswerOptions(store, out, qa_dataset, k, limit, rag, force)
+    with progress_bar("answer") as bar:
+        result = run_answer(settings, options, bar)
+    report("answer", result.outcome, result.path)
+    if result.skipped:
+        err.print(
+            f"  {result.skipped} questions skipped: they are errors in the qa dataset",
+            markup=False,
+            highlight=False,
+        )
+    check_error_rate(result.path, settings.max_error_rate)
+
+
+@app.command()
+@handled
+def run(
+    chroma: ChromaOpt = None,
+    chroma_url: UrlOpt = None,
+    collection: CollectionOpt = None,
+    out: OutOpt = Path("outputs"),
+    k: KOpt = 5,
+    embedding: EmbeddingOpt = None,
+    rag: RagOpt = None,
+    limit: LimitOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    model: ModelOpt = None,
+    doc_key: DocKeyOpt = None,
+    max_error_rate: ErrorRateOpt = None,
+    structured_output: MethodOpt = None,
+    force: ForceOpt = False,
+) -> None:
+    """Run every stage in order: generate, answer."""
+    generate(
+        chroma=chroma,
+        chroma_url=chroma_url,
+        collection=collection,
+        out=out,
+        limit=limit,
+        concurrency=concurrency,
+        model=model,
+        doc_key=doc_key,
+        max_error_rate=max_error_rate,
+        structured_output=structured_output,
+        force=force,
+    )
+    answer(
+        chroma=chroma,
+        chroma_url=chroma_url,
+        collection=collection,
+        out=out,
+        k=k,
+        embedding=embedding,
+        rag=rag,
+        concurrency=concurrency,
+        model=model,
+        max_error_rate=max_error_rate,
+        force=force,
+    )
+
+
 def main() -> None:
     """Entry point of `ragexam`."""
     app()
@@ -217,6 +321,11 @@ def main() -> None:
 def generate_main() -> None:
     """Entry point of `ragexam-generate`."""
     typer.run(generate)
+
+
+def answer_main() -> None:
+    """Entry point of `ragexam-answer`."""
+    typer.run(answer)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -26,7 +26,7 @@ from ragexam.runner import (
     run_closing,
     update_manifest,
 )
-from ragexam.store import StoreRef, iter_chunks, open_collection
+from ragexam.store import StoreRef, iter_chunks, open_collection, release
 
 QA_FILE = "qa_dataset.csv"
 QA_COLUMNS = ("chunk_id", "document", "question", "ground_truth_answer", "truncated", "chunk_chars")
@@ -91,6 +91,7 @@ def run_generate(
     try:
         asyncio.run(run_closing(runner, tasks, _work(llm, prompt), llm))
     finally:
+        release(options.store)
         record.update(status="finished", calls=llm.calls, structured_output=llm.method.value)
         update_manifest(options.out, "generate", {**record, **runner.outcome.record()})
     return runner.outcome, stage.path

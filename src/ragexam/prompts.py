@@ -18,6 +18,12 @@ from ragexam.errors import PromptError
 DATA_TAGS = ("chunk", "question", "answer", "ground_truth")
 
 
+class Delimited(str):
+    """Text built by ragexam whose untrusted parts were already delimited and neutralised."""
+
+    __slots__ = ()
+
+
 class PromptFile(BaseModel):
     """One prompt: a system and a user template with declared variables."""
 
@@ -50,7 +56,10 @@ class Prompt:
         missing = set(self.variables) - values.keys()
         if missing:
             raise PromptError(f"prompt {self.name!r} needs values for {sorted(missing)}")
-        return {name: neutralise(values[name]) for name in self.variables}
+        return {
+            name: values[name] if isinstance(values[name], Delimited) else neutralise(values[name])
+            for name in self.variables
+        }
 
 
 def neutralise(text: str) -> str:
@@ -58,6 +67,15 @@ def neutralise(text: str) -> str:
     for tag in DATA_TAGS:
         text = text.replace(f"</{tag}>", f"</ {tag}>").replace(f"<{tag}>", f"< {tag}>")
     return text
+
+
+def context_block(texts: list[str]) -> Delimited:
+    """Retrieved chunks as numbered <chunk> blocks, each neutralised."""
+    blocks = (
+        f'<chunk rank="{rank}">\n{neutralise(text)}\n</chunk>'
+        for rank, text in enumerate(texts, start=1)
+    )
+    return Delimited("\n".join(blocks))
 
 
 def _fields(template: str) -> set[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -160,11 +160,14 @@ class Runner:
             self.stage.prompt_hash,
         )
 
-    async def run(self, tasks: Iterable[Task], work: Work) -> Outcome:
+    async def run(self, tasks: Iterable[Task] | AsyncIterator[Task], work: Work) -> Outcome:
         """Do every task not yet `ok`, `concurrency` at a time, writing rows as they land."""
         started = time.monotonic()
-        source = iter(tasks)
-        workers = [asyncio.create_task(self._worker(source, work)) for _ in range(self.concurrency)]
+        source = _aiter(tasks)
+        lock = asyncio.Lock()  # an async generator cannot be advanced by two workers at once
+        workers = [
+            asyncio.create_task(self._worker(source, lock, work)) for _ in range(self.concurrency)
+        ]
         try:
             await asyncio.gather(*workers)
         finally:
@@ -176,8 +179,12 @@ class Runner:
             self.outcome.seconds = time.monotonic() - started
         return self.outcome
 
-    async def _worker(self, source: Iterator[Task], work: Work) -> None:
-        for task in source:
+    async def _worker(self, source: AsyncIterator[Task], lock: asyncio.Lock, work: Work) -> None:
+        while True:
+            async with lock:
+                task = await anext(source, None)
+            if task is None:
+                return
             self._record(task, await self._attempt(task, work))
             self._started.add(task.key)  # after the write: Ctrl-C mid-call keeps the old row
 
@@ -227,12 +234,23 @@ class Runner:
         self._started.update(self._previous_errors)
 
 
-async def run_closing(runner: Runner, tasks: Iterable[Task], work: Work, llm: Any) -> Outcome:
+async def run_closing(
+    runner: Runner, tasks: Iterable[Task] | AsyncIterator[Task], work: Work, llm: Any
+) -> Outcome:
     """Run the tasks, then close the model's connections inside the same event loop."""
     try:
         return await runner.run(tasks, work)
     finally:
         await llm.aclose()
+
+
+async def _aiter(tasks: Iterable[Task] | AsyncIterator[Task]) -> AsyncIterator[Task]:
+    if isinstance(tasks, AsyncIterator):
+        async for task in tasks:
+            yield task
+    else:
+        for task in tasks:
+            yield task
 
 
 def check_error_rate(path: Path, limit: float) -> None:

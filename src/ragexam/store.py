@@ -75,6 +75,12 @@ def _open_persistent(path: Path) -> Any:
         raise StoreError(f"no Chroma store at {path}: it holds no chroma.sqlite3")
     try:
         return chromadb.PersistentClient(path=str(path), settings=_client_settings())
+    except ValueError as exc:
+        if "already exists" not in str(exc):
+            raise StoreError(f"cannot open the Chroma store at {path}: {exc}") from None
+        # A --rag module in this process opened the store first, with its own settings;
+        # Chroma allows one client configuration per path, so share that one.
+        return chromadb.PersistentClient(path=str(path), settings=_settings_in_use(path))
     except Exception as exc:
         if "migration" in str(exc).lower():
             raise StoreError(
@@ -83,6 +89,38 @@ def _open_persistent(path: Path) -> Any:
                 "point --chroma at the copy"
             ) from None
         raise StoreError(f"cannot open the Chroma store at {path}: {exc}") from None
+
+
+def _systems() -> dict[str, Any]:
+    """Chroma's per-process clients by path (private, hence the defensive getattr)."""
+    from chromadb.api.shared_system_client import SharedSystemClient
+
+    systems: dict[str, Any] = getattr(SharedSystemClient, "_identifier_to_system", {})
+    return systems
+
+
+def release(ref: StoreRef | None) -> None:
+    """Close ragexam's own client of a persisted store, so later code may open it its own way."""
+    if ref is None or ref.path is None:
+        return
+    system = _systems().get(str(ref.path))
+    if system is not None and _is_ours(system.settings):
+        _systems().pop(str(ref.path), None)
+        system.stop()
+
+
+def _is_ours(settings: Any) -> bool:
+    """A client opened by ragexam, not by a --rag module (Chroma adds the path to settings)."""
+    ours = _client_settings()
+    fields = ("anonymized_telemetry", "allow_reset", "migrations")
+    return all(getattr(settings, name, None) == getattr(ours, name) for name in fields)
+
+
+def _settings_in_use(path: Path) -> Any:
+    system = _systems().get(str(path))
+    if system is None:
+        raise StoreError(f"cannot open the Chroma store at {path}: another client holds it")
+    return system.settings
 
 
 def open_collection(ref: StoreRef) -> Any:
@@ -154,5 +192,6 @@ def get_chunks(collection: Any, ids: list[str]) -> dict[str, str]:
     """The texts of the chunks with these ids (those that exist)."""
     if not ids:
         return {}
-    found = collection.get(ids=ids, include=["documents"])
+    unique = list(dict.fromkeys(ids))  # Chroma rejects a repeated id
+    found = collection.get(ids=unique, include=["documents"])
     return dict(zip(found["ids"], [text or "" for text in found["documents"] or []], strict=True))

@@ -1,0 +1,289 @@
+"""The answer stage: the RAG system sits the exam; each answer is kept with its source's rank."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from ragexam.config import Settings
+from ragexam.csvfile import read_rows
+from ragexam.errors import ConfigError, InputFileError, RagexamError, RowError
+from ragexam.generate import QA_FILE
+from ragexam.llm import LLM
+from ragexam.prompts import Prompt, context_block, load_prompt
+from ragexam.rag import call_rag, load_rag
+from ragexam.retrieval import Hit, Retriever, make_embedder, rank_of
+from ragexam.runner import (
+    Outcome,
+    Progress,
+    Runner,
+    Stage,
+    Task,
+    run_closing,
+    update_manifest,
+)
+from ragexam.store import StoreRef, get_chunks, open_collection, release
+
+ANSWERS_FILE = "answers.csv"
+ANSWER_COLUMNS = ("answer", "retrieved_ids", "target_rank", "k", "rag")
+QA_REQUIRED = ("qa_id", "chunk_id", "question")
+BATCH = 64  # questions per embedding call and per Chroma query
+
+
+@dataclass(frozen=True)
+class Question:
+    """One exam question and the chunk it was written from."""
+
+    qa_id: str
+    chunk_id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class AnswerOptions:
+    """What `ragexam answer` was asked to do."""
+
+    store: StoreRef | None
+    out: Path
+    qa_path: Path | None = None
+    k: int = 5
+    limit: int | None = None
+    rag: str | None = None
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class AnswerResult:
+    """What the stage did, where it wrote, and how many questions it skipped."""
+
+    outcome: Outcome
+    path: Path
+    skipped: int
+
+
+def read_questions(path: Path) -> tuple[list[Question], int]:
+    """The `ok` questions of a qa_dataset.csv (ours or hand-made), and the count skipped."""
+    rows = read_rows(path, QA_REQUIRED)
+    questions, skipped, seen = [], 0, set()
+    for row in rows:
+        if row["qa_id"] in seen:
+            raise InputFileError(path, f"qa_id {row['qa_id']!r} appears twice; ids must be unique")
+        seen.add(row["qa_id"])
+        if row.get("status", "ok") not in ("ok", ""):
+            skipped += 1
+            continue
+        questions.append(Question(row["qa_id"], row["chunk_id"], row["question"]))
+    return questions, skipped
+
+
+def run_answer(
+    settings: Settings, options: AnswerOptions, progress: Progress | None = None
+) -> AnswerResult:
+    """Write `answers.csv`; every input is checked before the first paid call."""
+    questions, skipped = read_questions(options.qa_path or options.out / QA_FILE)
+    questions = list(islice(questions, options.limit))
+    rag = load_rag(options.rag) if options.rag else None  # first: it may open the store too
+    collection = _collection(options)
+    system = _system(settings, options, collection, rag)
+    options.out.mkdir(parents=True, exist_ok=True)
+    stage = Stage(
+        "answer",
+        options.out / ANSWERS_FILE,
+        "qa_id",
+        ANSWER_COLUMNS,
+        system.model,
+        system.prompt_hash,
+    )
+    runner = Runner(
+        stage,
+        concurrency=settings.concurrency,
+        force=options.force,
+        redact=settings.redact,
+        progress=progress,
+    )
+    done = runner.resume()
+    pending = [question for question in questions if question.qa_id not in done]
+    record = system.manifest(settings, options, collection)
+    update_manifest(options.out, "answer", {**record, "status": "running", "skipped": skipped})
+
+    async def main() -> None:
+        await system.preflight(pending)  # a wrong embedding stops here, before any chat call
+        if progress is not None:
+            progress.start(len(pending), len(done))
+        await run_closing(runner, system.tasks(pending), system.work, system)
+
+    try:
+        asyncio.run(main())
+    finally:
+        release(options.store)
+        record.update(status="finished", skipped=skipped, **runner.outcome.record())
+        update_manifest(options.out, "answer", {**record, "calls": system.calls()})
+    return AnswerResult(runner.outcome, stage.path, skipped)
+
+
+def _collection(options: AnswerOptions) -> Any:
+    if options.store is None:
+        if options.rag is None:
+            raise ConfigError("the built-in RAG chain needs --chroma PATH or --chroma-url URL")
+        return None
+    return open_collection(options.store)
+
+
+def _system(settings: Settings, options: AnswerOptions, collection: Any, rag: Any) -> RagSystem:
+    if options.rag is not None:
+        return CustomRag(rag, options.rag, collection, options.k)
+    settings.api_key()
+    return BuiltinRag(settings, collection, options.k)
+
+
+class RagSystem(ABC):
+    """What answers the questions: the built-in chain or the user's callable."""
+
+    model: str
+    prompt_hash: str
+    name: str
+
+    def __init__(self, collection: Any, k: int) -> None:
+        self.collection, self.k = collection, k
+
+    async def tasks(self, questions: list[Question]) -> AsyncIterator[Task]:
+        """Tasks in batches, each carrying what its row needs."""
+        for start in range(0, len(questions), BATCH):
+            batch = questions[start : start + BATCH]
+            for question, payload in zip(batch, await self.prepare(batch), strict=True):
+                yield Task(question.qa_id, {"k": self.k, "rag": self.name}, payload)
+
+    async def prepare(self, batch: list[Question]) -> list[Any]:
+        """Per-question payloads for one batch."""
+        sources = await self.source_texts([question.chunk_id for question in batch])
+        return [(question, sources.get(question.chunk_id)) for question in batch]
+
+    async def source_texts(self, ids: list[str]) -> dict[str, str]:
+        """Texts of chunks by id, for matching duplicates by text (none without a store)."""
+        if self.collection is None or not ids:
+            return {}
+        return await asyncio.to_thread(get_chunks, self.collection, ids)
+
+    async def preflight(self, questions: list[Question]) -> None:  # noqa: B027 - optional hook
+        """Check, before the run, what would fail for every row."""
+
+    @abstractmethod
+    async def work(self, task: Task) -> dict[str, Any]:
+        """Answer one question."""
+
+    def manifest(
+        self, settings: Settings, options: AnswerOptions, collection: Any
+    ) -> dict[str, Any]:
+        """What the answers depend on."""
+        return {
+            "model": self.model,
+            "prompt": {"answer": self.prompt_hash},
+            "rag": self.name,
+            "k": self.k,
+            "store": options.store.describe() if options.store else None,
+            "collection": collection.name if collection is not None else None,
+            "qa_dataset": str(options.qa_path or options.out / QA_FILE),
+            "settings": settings.public(),
+        }
+
+    def calls(self) -> int | None:
+        """LLM calls made, when ragexam made them."""
+        return None
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release connections."""
+
+
+def answer_row(answer: str, hits: Sequence[Hit], rank: int | None) -> dict[str, Any]:
+    """The value columns of one answered question."""
+    return {
+        "answer": answer,
+        "retrieved_ids": json.dumps([hit.id for hit in hits]),
+        "target_rank": rank,
+    }
+
+
+class BuiltinRag(RagSystem):
+    """Retrieve the top k chunks from the collection, then answer from them with the chat model."""
+
+    name = "builtin"
+
+    def __init__(self, settings: Settings, collection: Any, k: int) -> None:
+        super().__init__(collection, k)
+        self.retriever = Retriever(
+            collection, make_embedder(settings.embedding, collection, settings), k
+        )
+        self.embedding = self.retriever.embedder.name
+        self.prompt: Prompt = load_prompt("answer")
+        self.llm = LLM(settings, settings.model_for("answer"))
+        self.model, self.prompt_hash = self.llm.model, self.prompt.hash
+
+    async def prepare(self, batch: list[Question]) -> list[Any]:
+        """Retrieve for the whole batch; a failed batch fails its rows, not the run."""
+        sources = await self.source_texts([question.chunk_id for question in batch])
+        try:
+            hits = await self.retriever.retrieve([question.text for question in batch])
+        except ConfigError:
+            raise  # wrong for every batch: stop the run
+        except Exception as exc:  # e.g. an embedding endpoint that failed after its retries
+            reason = f"retrieval failed: {' '.join(str(exc).split())[:300]}"
+            return [RowError(reason)] * len(batch)
+        return [(q, sources.get(q.chunk_id), h) for q, h in zip(batch, hits, strict=True)]
+
+    async def preflight(self, questions: list[Question]) -> None:
+        """Embed one question: the embedding works, and its dimension fits the collection."""
+        if questions:
+            await self.retriever.retrieve([questions[0].text])
+
+    async def work(self, task: Task) -> dict[str, Any]:
+        """Answer from the retrieved chunks."""
+        if isinstance(task.payload, RagexamError):
+            raise task.payload
+        question, source_text, hits = task.payload
+        if not question.text.strip():
+            raise RowError("the question is empty")
+        values = self.prompt.fill(
+            question=question.text, context=context_block([hit.text or "" for hit in hits])
+        )
+        reply = await self.llm.text(self.prompt.template.format_messages(**values))
+        rank = rank_of(question.chunk_id, source_text, hits)
+        return {**answer_row(reply.value, hits, rank), **reply.cost()}
+
+    def manifest(
+        self, settings: Settings, options: AnswerOptions, collection: Any
+    ) -> dict[str, Any]:
+        """Adds the embedding used for queries."""
+        return {**super().manifest(settings, options, collection), "embedding": self.embedding}
+
+    def calls(self) -> int | None:
+        """Chat calls made."""
+        return self.llm.calls
+
+    async def aclose(self) -> None:
+        """Close the chat model's connections."""
+        await self.llm.aclose()
+
+
+class CustomRag(RagSystem):
+    """The user's RAG callable, from `--rag module:callable`."""
+
+    def __init__(self, rag: Any, spec: str, collection: Any, k: int) -> None:
+        super().__init__(collection, k)
+        self.rag, self.name = rag, spec
+        self.model, self.prompt_hash = f"rag:{spec}", ""
+
+    async def work(self, task: Task) -> dict[str, Any]:
+        """Ask the callable; match what it retrieved against the source chunk."""
+        question, source_text = task.payload
+        answer, hits = await call_rag(self.rag, question.text)
+        missing = [hit.id for hit in hits if hit.text is None and hit.id is not None]
+        if missing and source_text is not None:  # ids only: fetch texts to match duplicates
+            texts = await self.source_texts(missing)
+            hits = [Hit(hit.id, texts.get(hit.id or "", hit.text)) for hit in hits]
+        return answer_row(answer, hits, rank_of(question.chunk_id, source_text, hits))

@@ -1,0 +1,98 @@
+"""Bring your own RAG: load `module:callable` and turn what it returns into an answer and hits.
+
+The callable takes the question (a string) and returns the answer and the retrieved chunks,
+best first, as a `(answer, retrieved)` tuple or a mapping with `answer` and one of
+`retrieved`, `context`, `source_documents` or `documents`. Retrieved chunks are ids
+(strings) or LangChain `Document`s. It may be a plain or async function or a LangChain
+Runnable; plain functions run in worker threads, `--concurrency` at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ragexam.errors import ConfigError, RowError
+from ragexam.retrieval import Hit
+
+ANSWER_KEYS = ("answer", "result", "output")
+RETRIEVED_KEYS = ("retrieved", "context", "source_documents", "documents")
+ID_KEYS = ("id", "chunk_id", "_id")
+
+
+def load_rag(spec: str) -> Any:
+    """Import `module:callable`, looking in the working directory first."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ConfigError(f"--rag {spec!r} must look like module:callable, e.g. my_rag:answer")
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"--rag {spec!r}: cannot import {module_name!r}: {exc}") from None
+    target: Any = module
+    for part in attribute.split("."):
+        target = getattr(target, part, None)
+    if target is None or not (callable(target) or hasattr(target, "ainvoke")):
+        raise ConfigError(f"--rag {spec!r}: {module_name} has no callable {attribute!r}")
+    return target
+
+
+async def call_rag(rag: Any, question: str) -> tuple[str, list[Hit]]:
+    """Ask the user's RAG one question; anything it raises becomes this row's error."""
+    try:
+        if hasattr(rag, "ainvoke"):
+            result = await rag.ainvoke(question)
+        elif inspect.iscoroutinefunction(rag) or inspect.iscoroutinefunction(
+            getattr(rag, "__call__", None)  # noqa: B004 - an async __call__ method
+        ):
+            result = await rag(question)
+        else:
+            result = await asyncio.to_thread(rag, question)
+    except Exception as exc:
+        message = " ".join(str(exc).split())[:300]
+        raise RowError(f"the RAG callable raised {type(exc).__name__}: {message}") from None
+    return normalise(result)
+
+
+def normalise(result: Any) -> tuple[str, list[Hit]]:
+    """(answer, hits) from a tuple or mapping of answer and retrieved chunks."""
+    if isinstance(result, tuple) and len(result) == 2:
+        answer, retrieved = result
+    elif isinstance(result, Mapping):
+        answer = _first(result, ANSWER_KEYS)
+        retrieved = _first(result, RETRIEVED_KEYS)
+    else:
+        raise RowError(
+            f"the RAG callable returned {type(result).__name__}; expected (answer, retrieved) "
+            "or a mapping with 'answer' and 'retrieved'"
+        )
+    if not isinstance(answer, str):
+        raise RowError(f"the RAG callable's answer is {type(answer).__name__}, not text")
+    return answer, [_hit(item) for item in retrieved or []]
+
+
+def _first(result: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
+    for key in keys:
+        if key in result:
+            return result[key]
+    raise RowError(f"the RAG callable's result has none of the keys {', '.join(keys)}")
+
+
+def _hit(item: Any) -> Hit:
+    if isinstance(item, str):
+        return Hit(item, None)
+    text = getattr(item, "page_content", None)
+    if text is None:
+        raise RowError(f"a retrieved chunk is {type(item).__name__}, not an id or a Document")
+    metadata: Mapping[str, Any] = getattr(item, "metadata", None) or {}
+    chunk_id = getattr(item, "id", None) or next(
+        (str(metadata[key]) for key in ID_KEYS if metadata.get(key)), None
+    )
+    return Hit(chunk_id, text)

@@ -1,0 +1,148 @@
+"""Retrieval for the built-in RAG chain: embed questions in batches, query Chroma in batches.
+
+Query embeddings come from the embedding function Chroma persisted with the collection
+(`--embedding collection`) or from an OpenAI-compatible endpoint (`--embedding openai:MODEL`).
+Nothing falls back silently: a collection without a persisted function needs `--embedding`,
+and a query vector of the wrong dimension is an error naming both dimensions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ragexam.config import Settings
+from ragexam.errors import ConfigError, StoreError
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One retrieved chunk: its id (when known) and its text (when known)."""
+
+    id: str | None
+    text: str | None
+
+
+def rank_of(source_id: str, source_text: str | None, hits: Sequence[Hit]) -> int | None:
+    """1-based rank of the source chunk among hits: same id, or identical text; else None."""
+    for rank, hit in enumerate(hits, start=1):
+        if hit.id is not None and hit.id == source_id:
+            return rank
+        if source_text is not None and hit.text is not None and hit.text == source_text:
+            return rank
+    return None
+
+
+class Embedder(Protocol):
+    """Turns a batch of questions into query vectors."""
+
+    name: str
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        """One vector per text."""
+        ...
+
+
+class CollectionEmbedder:
+    """The embedding function Chroma stored with the collection."""
+
+    def __init__(self, collection: Any) -> None:
+        function = collection.configuration.get("embedding_function")
+        if function is None:
+            raise ConfigError(
+                f"collection {collection.name!r} has no embedding function stored with it "
+                "(stores built with LangChain have none): pass --embedding openai:MODEL with "
+                "the model the store was built with, or set RAGEXAM_EMBEDDING"
+            )
+        self.function = function
+        self.name = f"collection:{_function_name(function)}"
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        """Embed in a worker thread: Chroma's functions are synchronous."""
+        call = getattr(self.function, "embed_query", self.function)
+        try:
+            vectors = await asyncio.to_thread(call, input=texts)
+        except Exception as exc:
+            raise StoreError(
+                f"the collection's embedding function ({self.name}) failed: "
+                f"{' '.join(str(exc).split())[:300]}; pass --embedding openai:MODEL to embed "
+                "with your endpoint instead"
+            ) from None
+        return [list(map(float, vector)) for vector in vectors]
+
+
+def _function_name(function: Any) -> str:
+    name = getattr(function, "name", None)
+    return str(name()) if callable(name) else type(function).__name__
+
+
+class OpenAIEmbedder:
+    """OpenAI-compatible embeddings; the SDK's own retry layer is the only one for these."""
+
+    def __init__(self, settings: Settings, model: str) -> None:
+        from langchain_openai import OpenAIEmbeddings
+
+        self.name = f"openai:{model}"
+        self.client = OpenAIEmbeddings(
+            model=model,
+            openai_api_key=settings.api_key(),
+            openai_api_base=settings.embedding_base_url or settings.openai_base_url,
+            request_timeout=settings.timeout,
+            max_retries=settings.max_retries,
+            check_embedding_ctx_length=False,  # would download tiktoken's encodings
+        )
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        """One HTTP call per batch of questions."""
+        return await self.client.aembed_documents(texts)
+
+
+def make_embedder(spec: str, collection: Any, settings: Settings) -> Embedder:
+    """The embedder an `--embedding` spec names."""
+    if spec == "collection":
+        return CollectionEmbedder(collection)
+    if spec.startswith("openai:") and len(spec) > len("openai:"):
+        return OpenAIEmbedder(settings, spec.removeprefix("openai:"))
+    raise ConfigError(f"--embedding {spec!r} is not 'collection' or 'openai:MODEL'")
+
+
+def collection_dimension(collection: Any) -> int | None:
+    """The dimension of the collection's stored vectors."""
+    sample = collection.get(limit=1, include=["embeddings"])
+    embeddings = sample.get("embeddings")
+    return len(embeddings[0]) if embeddings is not None and len(embeddings) else None
+
+
+class Retriever:
+    """Top-k chunks for batches of questions, with one embedding and one query call per batch."""
+
+    def __init__(self, collection: Any, embedder: Embedder, k: int) -> None:
+        self.collection, self.embedder, self.k = collection, embedder, k
+        self.dimension = collection_dimension(collection)
+
+    async def retrieve(self, questions: list[str]) -> list[list[Hit]]:
+        """The hits of each question, best first."""
+        vectors = await self.embedder.embed(questions)
+        self.check_dimension(vectors)
+        found = await asyncio.to_thread(
+            self.collection.query,
+            query_embeddings=vectors,
+            n_results=self.k,
+            include=["documents"],
+        )
+        documents = found.get("documents") or [[None] * len(ids) for ids in found["ids"]]
+        return [
+            [Hit(chunk_id, text) for chunk_id, text in zip(ids, texts, strict=True)]
+            for ids, texts in zip(found["ids"], documents, strict=True)
+        ]
+
+    def check_dimension(self, vectors: list[list[float]]) -> None:
+        """Raise when the query vectors cannot be compared with the collection's."""
+        if vectors and self.dimension is not None and len(vectors[0]) != self.dimension:
+            raise ConfigError(
+                f"the query embeddings ({self.embedder.name}) have dimension {len(vectors[0])} "
+                f"but the collection's vectors have dimension {self.dimension}: pass the "
+                "--embedding the store was built with"
+            )

@@ -1,0 +1,288 @@
+"""`ragexam answer` end to end: known ranks, duplicates, your own RAG, embeddings, resume."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import chromadb
+import pytest
+from chromadb.api.client import SharedSystemClient
+from chromadb.utils.embedding_functions import OpenAIEmbeddingFunction
+from conftest import build_store, read_csv, run_cli, snapshot
+from openai_server import FakeOpenAI
+from test_generate import docs
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+N_CHUNKS = 12
+
+
+def axis(i: int, dim: int = N_CHUNKS) -> list[float]:
+    """Chunk i's vector: the i-th unit vector, so distances are set by the query's weights."""
+    return [1.0 if j == i else 0.0 for j in range(dim)]
+
+
+def make_store(path: Path, server: FakeOpenAI, duplicate_of: dict[int, int] | None = None) -> Path:
+    """A store whose persisted embedding function is OpenAI-compatible, at the fake server."""
+    client = chromadb.PersistentClient(str(path))
+    function = OpenAIEmbeddingFunction(
+        model_name="fake-embed", api_key_env_var="OPENAI_API_KEY", api_base=server.base_url
+    )
+    collection = client.create_collection("kbase", embedding_function=function)  # type: ignore[arg-type]
+    texts = [f"Chunk text number {i}." for i in range(N_CHUNKS)]
+    for copy, original in (duplicate_of or {}).items():
+        texts[copy] = texts[original]
+    collection.add(
+        ids=[f"c{i}" for i in range(N_CHUNKS)],
+        documents=texts,
+        embeddings=[axis(i) for i in range(N_CHUNKS)],
+        metadatas=[{"source": f"doc{i % 3}.md"} for i in range(N_CHUNKS)],
+    )
+    SharedSystemClient.clear_system_cache()
+    return path
+
+
+def write_qa(path: Path, rows: list[dict[str, str]]) -> Path:
+    """A hand-written qa_dataset.csv with the contract's columns."""
+    columns = [
+        "qa_id",
+        "chunk_id",
+        "document",
+        "question",
+        "ground_truth_answer",
+        "status",
+        "error",
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(
+                {"document": "d", "ground_truth_answer": "g", "status": "ok", "error": "", **row}
+            )
+    return path
+
+
+def ranked_questions(server: FakeOpenAI, orders: dict[str, list[int]]) -> None:
+    """Make question text q embed so that chunks come back in the order `orders[q]`."""
+    vectors = {q: [0.0] * N_CHUNKS for q in orders}
+    for question, order in orders.items():
+        for place, chunk in enumerate(order):
+            vectors[question][chunk] = 1.0 - place / (2 * N_CHUNKS)
+    server.embed = lambda text: vectors[text]
+
+
+def expected_rank(order: list[int], source: int, duplicates: set[int], k: int) -> int | None:
+    """Where the source (or an identical copy) first appears in the top k, by hand."""
+    for place, chunk in enumerate(order[:k], start=1):
+        if chunk == source or chunk in duplicates:
+            return place
+    return None
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_target_rank_matches_the_ranks_the_vectors_set(
+    env: FakeOpenAI, tmp_path: Path, k: int
+) -> None:
+    store = make_store(tmp_path / "store", env, duplicate_of={11: 4})
+    orders = {  # question -> chunks in the order they will be retrieved
+        "q-rank1": [0, 1, 2, 3, 5],
+        "q-rank2": [2, 1, 3, 5, 6],
+        "q-rank3": [3, 5, 2, 7, 8],
+        "q-rank5": [6, 7, 8, 9, 3],
+        "q-miss": [7, 8, 9, 10, 0],
+        "q-dup": [9, 11, 4, 2, 3],  # chunk 11 has chunk 4's text: a hit at rank 2
+    }
+    sources = {"q-rank1": 0, "q-rank2": 1, "q-rank3": 2, "q-rank5": 3, "q-miss": 5, "q-dup": 4}
+    ranked_questions(
+        env,
+        {q: order + [c for c in range(N_CHUNKS) if c not in order] for q, order in orders.items()},
+    )
+    write_qa(
+        tmp_path / "run" / "qa_dataset.csv",
+        [{"qa_id": q, "chunk_id": f"c{sources[q]}", "question": q} for q in orders],
+    )
+    result = run_cli("answer", "--chroma", str(store), "--out", "run", "--k", str(k))
+    assert result.exit_code == 0, result.output
+    rows = {row["qa_id"]: row for row in read_csv(tmp_path / "run" / "answers.csv")}
+    for question, order in orders.items():
+        duplicates = {11} if sources[question] == 4 else set()
+        rank = expected_rank(order, sources[question], duplicates, k)
+        row = rows[question]
+        assert row["status"] == "ok", row
+        assert row["target_rank"] == ("" if rank is None else str(rank)), question
+        assert json.loads(row["retrieved_ids"]) == [f"c{c}" for c in order[:k]]
+        assert row["answer"]
+    assert env.count("/embeddings") == 2  # one preflight question, then one batch of six
+    assert env.count() == len(orders)
+
+
+def test_error_questions_are_skipped_and_counted(env: FakeOpenAI, tmp_path: Path) -> None:
+    store = make_store(tmp_path / "store", env)
+    ranked_questions(env, {"good": list(range(N_CHUNKS))})
+    write_qa(
+        tmp_path / "run" / "qa_dataset.csv",
+        [
+            {"qa_id": "a", "chunk_id": "c0", "question": "good"},
+            {"qa_id": "b", "chunk_id": "c1", "question": "", "status": "error", "error": "x"},
+        ],
+    )
+    result = run_cli("answer", "--chroma", str(store), "--out", "run")
+    assert result.exit_code == 0, result.output
+    assert "1 questions skipped" in result.output
+    assert [row["qa_id"] for row in read_csv(tmp_path / "run" / "answers.csv")] == ["a"]
+    assert env.count() == 1
+
+
+def test_a_langchain_store_needs_embedding_and_a_wrong_dimension_is_named(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    store = build_store(tmp_path / "store", docs(5))  # DeterministicFakeEmbedding, size 16
+    write_qa(
+        tmp_path / "run" / "qa_dataset.csv",
+        [{"qa_id": "a", "chunk_id": "chunk-0000", "question": "what?"}],
+    )
+    before = snapshot(store)
+    missing = run_cli("answer", "--chroma", str(store), "--out", "run")
+    assert missing.exit_code == 1
+    assert "--embedding" in missing.output and len(missing.output.strip().splitlines()) == 1
+    assert env.requests == []
+    wrong = run_cli(
+        "answer", "--chroma", str(store), "--out", "run", "--embedding", "openai:fake-embed"
+    )  # the fake server embeds in 64 dims
+    assert wrong.exit_code == 1
+    assert "dimension 64" in wrong.output and "dimension 16" in wrong.output
+    assert env.count() == 0  # no chat call was made
+    assert snapshot(store) == before
+
+
+def test_openai_embedding_on_a_langchain_store(env: FakeOpenAI, tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", docs(8))
+    env.embedding_dim = 16
+    assert run_cli("generate", "--chroma", str(store), "--out", "run").exit_code == 0
+    result = run_cli(
+        "run",
+        "--chroma",
+        str(store),
+        "--out",
+        "run",
+        "--embedding",
+        "openai:fake-embed",
+        "--k",
+        "3",
+    )
+    assert result.exit_code == 0, result.output
+    rows = read_csv(tmp_path / "run" / "answers.csv")
+    assert len(rows) == 8 and {row["status"] for row in rows} == {"ok"}
+    assert all(len(json.loads(row["retrieved_ids"])) == 3 for row in rows)
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["stages"]["answer"]["embedding"] == "openai:fake-embed"
+    assert manifest["stages"]["answer"]["k"] == 3
+
+
+def test_the_example_rag_callable_end_to_end(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLES / "load_corpus.py"),
+            "--chroma",
+            str(tmp_path / "chroma"),
+            "--embedding",
+            "openai:fake-embed",
+        ],
+        env=dict(os.environ),
+        capture_output=True,
+        check=True,
+    )
+    assert loaded.returncode == 0
+    assert run_cli("generate", "--chroma", "chroma", "--out", "run").exit_code == 0
+    (tmp_path / "my_rag.py").write_text((EXAMPLES / "my_rag.py").read_text())
+    result = run_cli("answer", "--chroma", "chroma", "--out", "run", "--rag", "my_rag:answer")
+    assert result.exit_code == 0, result.output
+    rows = read_csv(tmp_path / "run" / "answers.csv")
+    assert len(rows) == 19 and {row["status"] for row in rows} == {"ok"}
+    assert all(len(json.loads(row["retrieved_ids"])) == 5 for row in rows)
+    assert {row["model"] for row in rows} == {"rag:my_rag:answer"}
+    assert sum(row["target_rank"] != "" for row in rows) > 0
+
+
+def test_a_raising_rag_gives_error_rows_not_a_crash(env: FakeOpenAI, tmp_path: Path) -> None:
+    (tmp_path / "flaky_rag.py").write_text(
+        "from langchain_core.documents import Document\n"
+        "async def answer(question):\n"
+        "    if 'bad' in question:\n"
+        "        raise TimeoutError('vector db down')\n"
+        "    return 'an answer', [Document('Chunk text number 3.'), 'c1']\n"
+    )
+    store = make_store(tmp_path / "store", env)
+    write_qa(
+        tmp_path / "run" / "qa_dataset.csv",
+        [
+            {"qa_id": "a", "chunk_id": "c3", "question": "fine"},
+            {"qa_id": "b", "chunk_id": "c1", "question": "bad one"},
+            {"qa_id": "c", "chunk_id": "c1", "question": "also fine"},
+        ],
+    )
+    result = run_cli(
+        "answer",
+        "--chroma",
+        str(store),
+        "--out",
+        "run",
+        "--rag",
+        "flaky_rag:answer",
+        "--max-error-rate",
+        "0.5",
+    )
+    assert result.exit_code == 0, result.output
+    rows = {row["qa_id"]: row for row in read_csv(tmp_path / "run" / "answers.csv")}
+    assert rows["a"]["status"] == "ok" and rows["a"]["target_rank"] == "1"  # matched by text
+    assert rows["c"]["target_rank"] == "2"  # matched by id
+    assert json.loads(rows["a"]["retrieved_ids"]) == [None, "c1"]
+    assert rows["b"]["status"] == "error" and "TimeoutError: vector db down" in rows["b"]["error"]
+    assert rows["b"]["answer"] == "" and rows["b"]["target_rank"] == ""
+
+
+def test_sigkill_midway_then_rerun_answers_each_question_once(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    store = make_store(tmp_path / "store", env)
+    questions = [f"question {i}" for i in range(150)]
+    ranked_questions(env, {q: list(range(N_CHUNKS)) for q in questions})
+    write_qa(
+        tmp_path / "run" / "qa_dataset.csv",
+        [
+            {"qa_id": f"q{i}", "chunk_id": f"c{i % N_CHUNKS}", "question": q}
+            for i, q in enumerate(questions)
+        ],
+    )
+    env.latency = 0.05
+    args = ["answer", "--chroma", str(store), "--out", "run", "--concurrency", "8"]
+    output = tmp_path / "run" / "answers.csv"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ragexam.cli", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (
+        not output.exists() or output.read_bytes().count(b"\n") < 70
+    ):
+        time.sleep(0.02)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert 40 < len(read_csv(output)) < 150
+    env.latency = 0.0
+    result = run_cli(*args)
+    assert result.exit_code == 0, result.output
+    ids = [row["qa_id"] for row in read_csv(output)]
+    assert sorted(ids) == sorted(f"q{i}" for i in range(150))
