@@ -120,7 +120,7 @@ def test_target_rank_matches_the_ranks_the_vectors_set(
         assert row["target_rank"] == ("" if rank is None else str(rank)), question
         assert json.loads(row["retrieved_ids"]) == [f"c{c}" for c in order[:k]]
         assert row["answer"]
-    assert env.count("/embeddings") == 2  # one preflight question, then one batch of six
+    assert env.count("/embeddings") == 1  # six questions: one batch, checked and reused
     assert env.count() == len(orders)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
@@ -34,6 +35,7 @@ ANSWERS_FILE = "answers.csv"
 ANSWER_COLUMNS = ("answer", "retrieved_ids", "target_rank", "k", "rag")
 QA_REQUIRED = ("qa_id", "chunk_id", "question")
 BATCH = 64  # questions per embedding call and per Chroma query
+PREFETCH = 2  # batches retrieved ahead of the workers
 
 
 @dataclass(frozen=True)
@@ -153,11 +155,31 @@ class RagSystem(ABC):
         self.collection, self.k = collection, k
 
     async def tasks(self, questions: list[Question]) -> AsyncIterator[Task]:
-        """Tasks in batches, each carrying what its row needs."""
-        for start in range(0, len(questions), BATCH):
-            batch = questions[start : start + BATCH]
-            for question, payload in zip(batch, await self.prepare(batch), strict=True):
-                yield Task(question.qa_id, {"k": self.k, "rag": self.name}, payload)
+        """Tasks in batches, each carrying what its row needs.
+
+        The next PREFETCH batches are prepared while this one is answered, so no worker
+        waits for an embedding call or a Chroma query.
+        """
+        batches = iter([questions[i : i + BATCH] for i in range(0, len(questions), BATCH)])
+        ahead: deque[tuple[list[Question], asyncio.Task[list[Any]]]] = deque()
+
+        def launch() -> None:
+            batch = next(batches, None)
+            if batch is not None:
+                ahead.append((batch, asyncio.create_task(self.prepare(batch))))
+
+        try:
+            for _ in range(PREFETCH):
+                launch()
+            while ahead:
+                batch, prepared = ahead.popleft()
+                payloads = await prepared
+                launch()
+                for question, payload in zip(batch, payloads, strict=True):
+                    yield Task(question.qa_id, {"k": self.k, "rag": self.name}, payload)
+        finally:
+            for _, prepared in ahead:
+                prepared.cancel()
 
     async def prepare(self, batch: list[Question]) -> list[Any]:
         """Per-question payloads for one batch."""
@@ -220,6 +242,7 @@ class BuiltinRag(RagSystem):
             collection, make_embedder(settings.embedding, collection, settings), k
         )
         self.embedding = self.retriever.embedder.name
+        self.ready: dict[str, list[list[Hit]]] = {}  # hits of batches retrieved in advance
         self.prompt: Prompt = load_prompt("answer")
         self.llm = LLM(settings, settings.model_for("answer"))
         self.model, self.prompt_hash = self.llm.model, self.prompt.hash
@@ -228,7 +251,9 @@ class BuiltinRag(RagSystem):
         """Retrieve for the whole batch; a failed batch fails its rows, not the run."""
         sources = await self.source_texts([question.chunk_id for question in batch])
         try:
-            hits = await self.retriever.retrieve([question.text for question in batch])
+            hits = self.ready.pop(batch[0].qa_id, None) or await self.retriever.retrieve(
+                [question.text for question in batch]
+            )
         except ConfigError:
             raise  # wrong for every batch: stop the run
         except Exception as exc:  # e.g. an embedding endpoint that failed after its retries
@@ -237,9 +262,13 @@ class BuiltinRag(RagSystem):
         return [(q, sources.get(q.chunk_id), h) for q, h in zip(batch, hits, strict=True)]
 
     async def preflight(self, questions: list[Question]) -> None:
-        """Embed one question: the embedding works, and its dimension fits the collection."""
-        if questions:
-            await self.retriever.retrieve([questions[0].text])
+        """Retrieve the first batch: the embedding works, and its dimension fits the collection.
+
+        Its hits are kept for the run, so checking costs no extra round trip.
+        """
+        first = questions[:BATCH]
+        if first:
+            self.ready[first[0].qa_id] = await self.retriever.retrieve([q.text for q in first])
 
     async def work(self, task: Task) -> dict[str, Any]:
         """Answer from the retrieved chunks."""
@@ -266,8 +295,9 @@ class BuiltinRag(RagSystem):
         return self.llm.calls
 
     async def aclose(self) -> None:
-        """Close the chat model's connections."""
+        """Close the chat model's and the embedder's connections."""
         await self.llm.aclose()
+        await self.retriever.embedder.aclose()
 
 
 class CustomRag(RagSystem):

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import openai
+
 from ragexam.config import Settings
 from ragexam.errors import ConfigError, StoreError
 
@@ -44,6 +46,10 @@ class Embedder(Protocol):
         """One vector per text."""
         ...
 
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...
+
 
 class CollectionEmbedder:
     """The embedding function Chroma stored with the collection."""
@@ -72,6 +78,9 @@ class CollectionEmbedder:
             ) from None
         return [list(map(float, vector)) for vector in vectors]
 
+    async def aclose(self) -> None:
+        """Nothing to release: Chroma owns the function."""
+
 
 def _function_name(function: Any) -> str:
     name = getattr(function, "name", None)
@@ -92,11 +101,17 @@ class OpenAIEmbedder:
             request_timeout=settings.timeout,
             max_retries=settings.max_retries,
             check_embedding_ctx_length=False,  # would download tiktoken's encodings
+            http_async_client=openai.DefaultAsyncHttpxClient(),  # not the loop-bound shared one
         )
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
         """One HTTP call per batch of questions."""
         return await self.client.aembed_documents(texts)
+
+    async def aclose(self) -> None:
+        """Close the HTTP connections."""
+        if self.client.http_async_client is not None:
+            await self.client.http_async_client.aclose()
 
 
 def make_embedder(spec: str, collection: Any, settings: Settings) -> Embedder:

@@ -1,0 +1,293 @@
+"""Retrieval metrics (trec_eval conventions) and seeded resampling statistics over scores."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+Values = Sequence[float] | FloatArray
+
+# -- retrieval metrics ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RetrievalScores:
+    """All retrieval metrics of one ranked list at one cutoff."""
+
+    hit: float
+    rr: float
+    ap: float
+    ndcg: float
+    precision: float
+    recall: float
+    f1: float
+
+
+def _top(rels: Sequence[int], k: int, n_relevant: int | None = None) -> list[int]:
+    """Validate a ranking's arguments (R only when given) and return its first k labels."""
+    if k < 1:
+        raise ValueError(f"cutoff k must be at least 1, got {k}")
+    if any(label not in (0, 1) for label in rels):
+        # Graded labels would need the graded qrels for the ideal DCG, which R alone cannot give.
+        raise ValueError("relevance labels must be 0 or 1")
+    if n_relevant is None:
+        return list(rels[:k])
+    if n_relevant < 1:
+        raise ValueError(f"n_relevant must be at least 1, got {n_relevant}")
+    if sum(rels) > n_relevant:
+        raise ValueError(f"{sum(rels)} relevant items retrieved but n_relevant is {n_relevant}")
+    return list(rels[:k])
+
+
+def hit(rels: Sequence[int], k: int) -> float:
+    """1.0 if any of the top k is relevant, else 0.0 (trec_eval's success@k)."""
+    return 1.0 if any(_top(rels, k)) else 0.0
+
+
+def reciprocal_rank(rels: Sequence[int], k: int) -> float:
+    """1 / rank of the first relevant item in the top k, else 0 (trec_eval recip_rank, cut at k)."""
+    top = _top(rels, k)
+    return 1.0 / (top.index(1) + 1) if 1 in top else 0.0
+
+
+def average_precision(rels: Sequence[int], k: int, n_relevant: int = 1) -> float:
+    """Sum of precision@i over relevant ranks i <= k, divided by R (trec_eval map_cut_k)."""
+    found, total = 0, 0.0
+    for rank, label in enumerate(_top(rels, k, n_relevant), start=1):
+        if label:
+            found += 1
+            total += found / rank
+    return total / n_relevant
+
+
+def ndcg(rels: Sequence[int], k: int, n_relevant: int = 1) -> float:
+    """DCG@k / ideal DCG@k, linear gain, discount 1/log2(rank + 1) (trec_eval ndcg_cut_k).
+
+    The ideal ranking puts min(R, k) relevant items at the top, as trec_eval does.
+    """
+    top = _top(rels, k, n_relevant)
+    dcg = sum(label / math.log2(rank + 1) for rank, label in enumerate(top, start=1))
+    ideal = sum(1.0 / math.log2(rank + 1) for rank in range(1, min(n_relevant, k) + 1))
+    return dcg / ideal
+
+
+def precision(rels: Sequence[int], k: int) -> float:
+    """Relevant items in the top k divided by k, even when fewer were retrieved (trec_eval P_k)."""
+    return sum(_top(rels, k)) / k
+
+
+def recall(rels: Sequence[int], k: int, n_relevant: int = 1) -> float:
+    """Relevant items in the top k divided by R (trec_eval recall_k)."""
+    return sum(_top(rels, k, n_relevant)) / n_relevant
+
+
+def f1(rels: Sequence[int], k: int, n_relevant: int = 1) -> float:
+    """Harmonic mean of P@k and recall@k, 0 when both are 0 (trec_eval set_F on the top k)."""
+    p, r = precision(rels, k), recall(rels, k, n_relevant)
+    return 0.0 if p + r == 0 else 2 * p * r / (p + r)
+
+
+def score_ranking(rels: Sequence[int], k: int, n_relevant: int = 1) -> RetrievalScores:
+    """Every retrieval metric of one ranked list of 0/1 labels at cutoff k (trec_eval)."""
+    return RetrievalScores(
+        hit=hit(rels, k),
+        rr=reciprocal_rank(rels, k),
+        ap=average_precision(rels, k, n_relevant),
+        ndcg=ndcg(rels, k, n_relevant),
+        precision=precision(rels, k),
+        recall=recall(rels, k, n_relevant),
+        f1=f1(rels, k, n_relevant),
+    )
+
+
+def score_rank(rank: int | None, k: int) -> RetrievalScores:
+    """Metrics when the single relevant chunk sits at 1-based `rank` (None or > k is a miss)."""
+    if rank is not None and rank < 1:
+        raise ValueError(f"rank is 1-based, got {rank}")
+    if rank is None or rank > k:
+        return score_ranking([], k)
+    return score_ranking([0] * (rank - 1) + [1], k)
+
+
+# -- resampling statistics ------------------------------------------------------------------------
+# A mean's bootstrap (and a sign-flip test) depends only on the distinct values and their counts,
+# so resampling draws counts per distinct value: O(resamples x distinct), never O(resamples x n).
+
+# Up to this many distinct values the resampling is exact.
+MAX_SUPPORT = 256
+# Above it, values are merged into groups: a new group starts whenever either the value's
+# equal-width bin or its equal-count bin changes (at most 2 * GROUPS - 1 groups), and each value
+# is replaced by its group's mean. The sample mean is unchanged, each value moves by at most
+# (max - min) / GROUPS, and dense regions and outliers both keep narrow groups.
+GROUPS = 128
+
+
+def _finite(values: Values, name: str = "values") -> FloatArray:
+    """The values as a 1-D float array, refusing NaN and infinities."""
+    array = np.asarray(values, dtype=np.float64).ravel()
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{name} contain NaN or infinite values")
+    return array
+
+
+def _merge(support: FloatArray, counts: npt.NDArray[np.int64]) -> tuple[FloatArray, FloatArray]:
+    """Merge sorted distinct values into at most 2 * GROUPS - 1 groups, kept at their means."""
+    span = support[-1] - support[0]
+    by_width = np.minimum(((support - support[0]) / span * GROUPS).astype(np.int64), GROUPS - 1)
+    before = np.cumsum(counts) - counts
+    by_count = before * GROUPS // int(counts.sum())
+    starts = np.ones(support.size, dtype=bool)
+    starts[1:] = (np.diff(by_width) != 0) | (np.diff(by_count) != 0)
+    group = np.cumsum(starts) - 1
+    weights = np.bincount(group, weights=counts.astype(np.float64)).astype(np.float64)
+    sums = np.bincount(group, weights=support * counts).astype(np.float64)
+    return sums / weights, weights
+
+
+def _support(values: FloatArray) -> tuple[FloatArray, npt.NDArray[np.int64]]:
+    """Distinct values and their counts, merged into groups when there are too many."""
+    support, counts = np.unique(values, return_counts=True)
+    if support.size <= MAX_SUPPORT:
+        return support, counts.astype(np.int64)
+    merged, weights = _merge(support, counts.astype(np.int64))
+    return merged, np.rint(weights).astype(np.int64)
+
+
+def _check(resamples: int, level: float = 0.95) -> None:
+    """Refuse a resample count below 1 or a confidence level outside (0, 1)."""
+    if resamples < 1:
+        raise ValueError(f"resamples must be at least 1, got {resamples}")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be strictly between 0 and 1, got {level}")
+
+
+def bootstrap_ci(
+    values: Values, *, seed: int = 0, resamples: int = 2000, level: float = 0.95
+) -> tuple[float, float]:
+    """Percentile bootstrap confidence interval of the mean; (nan, nan) when there are no values.
+
+    Resamples are drawn as multinomial counts over the distinct values (an exact bootstrap of
+    the mean); above MAX_SUPPORT distinct values they are first merged into groups (see GROUPS).
+    """
+    _check(resamples, level)
+    array = _finite(values)
+    if array.size == 0:
+        return math.nan, math.nan
+    support, counts = _support(array)
+    if support.size == 1:
+        return float(support[0]), float(support[0])
+    n = int(counts.sum())
+    draws = np.random.default_rng(seed).multinomial(n, counts / n, size=resamples)
+    means = draws @ support / n
+    tail = (1.0 - level) / 2
+    low, high = np.quantile(means, [tail, 1.0 - tail])
+    return float(low), float(high)
+
+
+def _differences(a: Values, b: Values) -> FloatArray:
+    """The paired differences b - a, refusing inputs of different lengths."""
+    left, right = _finite(a, "a"), _finite(b, "b")
+    if left.size != right.size:
+        raise ValueError(f"paired inputs differ in length: {left.size} and {right.size}")
+    return right - left
+
+
+def paired_bootstrap_ci(
+    a: Values,
+    b: Values,
+    *,
+    seed: int = 0,
+    resamples: int = 2000,
+    level: float = 0.95,
+) -> tuple[float, float]:
+    """Percentile bootstrap confidence interval of mean(b - a), resampling pairs."""
+    return bootstrap_ci(_differences(a, b), seed=seed, resamples=resamples, level=level)
+
+
+# Up to this many nonzero differences every sign pattern is enumerated (2^20 sums, 8 MB).
+EXACT_FLIPS = 20
+
+
+def _all_sign_sums(magnitudes: FloatArray) -> FloatArray:
+    """The sums of +-m over all 2^len(magnitudes) sign patterns."""
+    sums = np.zeros(1)
+    for magnitude in magnitudes:
+        sums = np.concatenate([sums + magnitude, sums - magnitude])
+    return sums
+
+
+def _random_sign_sums(magnitudes: FloatArray, seed: int, resamples: int) -> FloatArray:
+    """Sums of +-m under random signs: per distinct |d| = u of count c, u * (2 Bin(c, 1/2) - c)."""
+    support, counts = _support(magnitudes)
+    # One row per distinct value: numpy reuses a binomial's setup while its count stays the same.
+    column = counts[:, np.newaxis]
+    positive = np.random.default_rng(seed).binomial(column, 0.5, size=(support.size, resamples))
+    return support @ (2 * positive - column)
+
+
+def randomization_test(
+    a: Values,
+    b: Values,
+    *,
+    seed: int = 0,
+    resamples: int = 10000,
+) -> float:
+    """Two-sided paired sign-flip randomisation test of mean(b - a) = 0; returns the p-value.
+
+    Exact over all 2^m sign patterns when m <= EXACT_FLIPS differences are nonzero, else
+    p = (1 + #{|T*| >= |T|}) / (resamples + 1). No nonzero difference (including no pairs at
+    all) gives p = 1.0: there is no evidence of any difference.
+    """
+    _check(resamples)
+    differences = _differences(a, b)
+    magnitudes = np.abs(differences[differences != 0])
+    if magnitudes.size == 0:
+        return 1.0
+    observed = abs(float(differences.sum()))
+    # Sums of the same terms in another order differ by rounding; they must still count as ties.
+    tolerance = 1e-12 * max(1.0, float(magnitudes.max())) * differences.size
+    if magnitudes.size <= EXACT_FLIPS:
+        sums = _all_sign_sums(magnitudes)
+        return float(np.count_nonzero(np.abs(sums) >= observed - tolerance) / sums.size)
+    sums = _random_sign_sums(magnitudes, seed, resamples)
+    return float((1 + np.count_nonzero(np.abs(sums) >= observed - tolerance)) / (resamples + 1))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Paired comparison of run B against run A over the same items."""
+
+    mean_a: float
+    mean_b: float
+    diff: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+    improved: int
+    worse: int
+    same: int
+    n: int
+
+
+def compare_paired(a: Values, b: Values, *, seed: int = 0) -> Comparison:
+    """Means, mean(b - a) with its paired bootstrap CI, randomisation p-value and win counts."""
+    differences = _differences(a, b)
+    low, high = paired_bootstrap_ci(a, b, seed=seed)
+    empty = differences.size == 0
+    return Comparison(
+        mean_a=math.nan if empty else float(np.mean(np.asarray(a, dtype=np.float64))),
+        mean_b=math.nan if empty else float(np.mean(np.asarray(b, dtype=np.float64))),
+        diff=math.nan if empty else float(differences.mean()),
+        ci_low=low,
+        ci_high=high,
+        p_value=randomization_test(a, b, seed=seed),
+        improved=int(np.count_nonzero(differences > 0)),
+        worse=int(np.count_nonzero(differences < 0)),
+        same=int(np.count_nonzero(differences == 0)),
+        n=int(differences.size),
+    )
