@@ -24,10 +24,13 @@ from rich.progress import (
 from rich.text import Text
 
 from ragexam.answer import AnswerOptions, run_answer
+from ragexam.compare import comparison_table, run_compare
 from ragexam.config import StructuredMethod, debug_enabled, load_settings
 from ragexam.errors import RagexamError
 from ragexam.generate import GenerateOptions, run_generate
+from ragexam.report import terminal_table
 from ragexam.runner import Outcome, check_error_rate
+from ragexam.stats import StatsOptions, run_stats
 from ragexam.store import StoreRef
 
 app = typer.Typer(
@@ -268,6 +271,40 @@ def answer(
 
 @app.command()
 @handled
+def stats(
+    out: OutOpt = Path("outputs"),
+    k: Annotated[
+        int | None,
+        typer.Option("--k", min=1, help="Metrics cutoff [the k answer recorded, else 5]."),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the bootstrap.")] = 0,
+) -> None:
+    """Summarise per source document: summary_by_document.csv, summary.csv, report.html."""
+    result = run_stats(StatsOptions(out, k, seed))
+    Console().print(terminal_table(result))
+    err.print(f"report: {result.paths['report']}", markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command()
+@handled
+def compare(
+    run_a: Annotated[Path, typer.Argument(help="The earlier run folder.")],
+    run_b: Annotated[Path, typer.Argument(help="The later run folder.")],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Where comparison.csv goes [RUN_B].")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the resampling.")] = 0,
+) -> None:
+    """Did the change help? Paired differences per metric and document: comparison.csv."""
+    result = run_compare(run_a, run_b, out or run_b, seed)
+    for warning in result.warnings:
+        err.print(f"Warning: {warning}", markup=False, highlight=False, soft_wrap=True)
+    Console().print(comparison_table(result))
+    err.print(f"comparison: {result.path}", markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command()
+@handled
 def run(
     chroma: ChromaOpt = None,
     chroma_url: UrlOpt = None,
@@ -321,6 +358,11 @@ def main() -> None:
 def generate_main() -> None:
     """Entry point of `ragexam-generate`."""
     typer.run(generate)
+
+
+def stats_main() -> None:
+    """Entry point of `ragexam-stats`."""
+    typer.run(stats)
 
 
 def answer_main() -> None:
