@@ -20,15 +20,7 @@ from ragexam.llm import LLM
 from ragexam.prompts import Prompt, context_block, load_prompt
 from ragexam.rag import call_rag, load_rag
 from ragexam.retrieval import Hit, Retriever, make_embedder, rank_of
-from ragexam.runner import (
-    Outcome,
-    Progress,
-    Runner,
-    Stage,
-    Task,
-    run_closing,
-    update_manifest,
-)
+from ragexam.runner import Outcome, Progress, RunSettings, Stage, Task, execute
 from ragexam.store import StoreRef, get_chunks, open_collection, release
 
 ANSWERS_FILE = "answers.csv"
@@ -89,10 +81,10 @@ def run_answer(
 ) -> AnswerResult:
     """Write `answers.csv`; every input is checked before the first paid call."""
     questions, skipped = read_questions(options.qa_path or options.out / QA_FILE)
-    questions = list(islice(questions, options.limit))
     rag = load_rag(options.rag) if options.rag else None  # first: it may open the store too
     collection = _collection(options)
     system = _system(settings, options, collection, rag)
+    system.questions = list(islice(questions, options.limit))
     options.out.mkdir(parents=True, exist_ok=True)
     stage = Stage(
         "answer",
@@ -102,31 +94,10 @@ def run_answer(
         system.model,
         system.prompt_hash,
     )
-    runner = Runner(
-        stage,
-        concurrency=settings.concurrency,
-        force=options.force,
-        redact=settings.redact,
-        progress=progress,
-    )
-    done = runner.resume()
-    pending = [question for question in questions if question.qa_id not in done]
-    record = system.manifest(settings, options, collection)
-    update_manifest(options.out, "answer", {**record, "status": "running", "skipped": skipped})
-
-    async def main() -> None:
-        await system.preflight(pending)  # a wrong embedding stops here, before any chat call
-        if progress is not None:
-            progress.start(len(pending), len(done))
-        await run_closing(runner, system.tasks(pending), system.work, system)
-
-    try:
-        asyncio.run(main())
-    finally:
-        release(options.store)
-        record.update(status="finished", skipped=skipped, **runner.outcome.record())
-        update_manifest(options.out, "answer", {**record, "calls": system.calls()})
-    return AnswerResult(runner.outcome, stage.path, skipped)
+    record = {**system.manifest(settings, options, collection), "skipped": skipped}
+    how = RunSettings(options.out, settings.concurrency, options.force, settings.redact)
+    outcome = execute(stage, system, record, how, progress)
+    return AnswerResult(outcome, stage.path, skipped)
 
 
 def _collection(options: AnswerOptions) -> Any:
@@ -139,9 +110,9 @@ def _collection(options: AnswerOptions) -> Any:
 
 def _system(settings: Settings, options: AnswerOptions, collection: Any, rag: Any) -> RagSystem:
     if options.rag is not None:
-        return CustomRag(rag, options.rag, collection, options.k)
+        return CustomRag(rag, options.rag, options.store, collection, options.k)
     settings.api_key()
-    return BuiltinRag(settings, collection, options.k)
+    return BuiltinRag(settings, options.store, collection, options.k)
 
 
 class RagSystem(ABC):
@@ -151,10 +122,17 @@ class RagSystem(ABC):
     prompt_hash: str
     name: str
 
-    def __init__(self, collection: Any, k: int) -> None:
-        self.collection, self.k = collection, k
+    def __init__(self, store: StoreRef | None, collection: Any, k: int) -> None:
+        self.store, self.collection, self.k = store, collection, k
+        self.questions: list[Question] = []
+        self.pending: list[Question] = []
 
-    async def tasks(self, questions: list[Question]) -> AsyncIterator[Task]:
+    def tasks(self, done: set[str]) -> tuple[int, AsyncIterator[Task]]:
+        """The questions not yet answered, prepared in batches."""
+        self.pending = [question for question in self.questions if question.qa_id not in done]
+        return len(self.pending), self._batches(self.pending)
+
+    async def _batches(self, questions: list[Question]) -> AsyncIterator[Task]:
         """Tasks in batches, each carrying what its row needs.
 
         The next PREFETCH batches are prepared while this one is answered, so no worker
@@ -192,7 +170,7 @@ class RagSystem(ABC):
             return {}
         return await asyncio.to_thread(get_chunks, self.collection, ids)
 
-    async def preflight(self, questions: list[Question]) -> None:  # noqa: B027 - optional hook
+    async def preflight(self) -> None:  # noqa: B027 - optional hook
         """Check, before the run, what would fail for every row."""
 
     @abstractmethod
@@ -214,12 +192,13 @@ class RagSystem(ABC):
             "settings": settings.public(),
         }
 
-    def calls(self) -> int | None:
+    def figures(self) -> dict[str, Any]:
         """LLM calls made, when ragexam made them."""
-        return None
+        return {}
 
-    async def aclose(self) -> None:  # noqa: B027 - optional hook
-        """Release connections."""
+    async def aclose(self) -> None:
+        """Release ragexam's client of the store."""
+        release(self.store)
 
 
 def answer_row(answer: str, hits: Sequence[Hit], rank: int | None) -> dict[str, Any]:
@@ -236,8 +215,8 @@ class BuiltinRag(RagSystem):
 
     name = "builtin"
 
-    def __init__(self, settings: Settings, collection: Any, k: int) -> None:
-        super().__init__(collection, k)
+    def __init__(self, settings: Settings, store: StoreRef | None, collection: Any, k: int) -> None:
+        super().__init__(store, collection, k)
         self.retriever = Retriever(
             collection, make_embedder(settings.embedding, collection, settings), k
         )
@@ -261,12 +240,12 @@ class BuiltinRag(RagSystem):
             return [RowError(reason)] * len(batch)
         return [(q, sources.get(q.chunk_id), h) for q, h in zip(batch, hits, strict=True)]
 
-    async def preflight(self, questions: list[Question]) -> None:
+    async def preflight(self) -> None:
         """Retrieve the first batch: the embedding works, and its dimension fits the collection.
 
         Its hits are kept for the run, so checking costs no extra round trip.
         """
-        first = questions[:BATCH]
+        first = self.pending[:BATCH]
         if first:
             self.ready[first[0].qa_id] = await self.retriever.retrieve([q.text for q in first])
 
@@ -290,21 +269,24 @@ class BuiltinRag(RagSystem):
         """Adds the embedding used for queries."""
         return {**super().manifest(settings, options, collection), "embedding": self.embedding}
 
-    def calls(self) -> int | None:
+    def figures(self) -> dict[str, Any]:
         """Chat calls made."""
-        return self.llm.calls
+        return {"calls": self.llm.calls}
 
     async def aclose(self) -> None:
-        """Close the chat model's and the embedder's connections."""
+        """Close the chat model's and the embedder's connections, and the store's client."""
         await self.llm.aclose()
         await self.retriever.embedder.aclose()
+        await super().aclose()
 
 
 class CustomRag(RagSystem):
     """The user's RAG callable, from `--rag module:callable`."""
 
-    def __init__(self, rag: Any, spec: str, collection: Any, k: int) -> None:
-        super().__init__(collection, k)
+    def __init__(
+        self, rag: Any, spec: str, store: StoreRef | None, collection: Any, k: int
+    ) -> None:
+        super().__init__(store, collection, k)
         self.rag, self.name = rag, spec
         self.model, self.prompt_hash = f"rag:{spec}", ""
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,16 +15,7 @@ from ragexam.config import Settings
 from ragexam.errors import RowError
 from ragexam.llm import LLM
 from ragexam.prompts import Prompt, load_prompt
-from ragexam.runner import (
-    Outcome,
-    Progress,
-    Runner,
-    Stage,
-    Task,
-    Work,
-    run_closing,
-    update_manifest,
-)
+from ragexam.runner import Outcome, Progress, RunSettings, Stage, Task, execute
 from ragexam.store import StoreRef, iter_chunks, open_collection, release
 
 QA_FILE = "qa_dataset.csv"
@@ -69,50 +59,71 @@ def run_generate(
     """Write `qa_dataset.csv` in the run folder; checks inputs before any paid call."""
     settings.api_key()
     collection = open_collection(options.store)
-    prompt = load_prompt("generate")
-    llm = LLM(settings, settings.model_for("generate"))
+    plan = GeneratePlan(settings, options, collection)
     options.out.mkdir(parents=True, exist_ok=True)
-    stage = Stage("generate", options.out / QA_FILE, "qa_id", QA_COLUMNS, llm.model, prompt.hash)
-    runner = Runner(
-        stage,
-        concurrency=settings.concurrency,
-        force=options.force,
-        redact=settings.redact,
-        progress=progress,
+    stage = Stage(
+        "generate", options.out / QA_FILE, "qa_id", QA_COLUMNS, plan.llm.model, plan.prompt.hash
     )
-    done = runner.resume()
-    wanted = min(collection.count(), options.limit or collection.count())
-    if progress is not None:
-        progress.start(max(wanted - len(done), 0), len(done))
-    chunks = islice(iter_chunks(collection, options.doc_key), options.limit)
-    tasks = _tasks(chunks, done, options.max_chunk_chars)
-    record = _manifest(settings, options, llm, prompt.hash, collection.name)
-    update_manifest(options.out, "generate", {**record, "status": "running"})
-    try:
-        asyncio.run(run_closing(runner, tasks, _work(llm, prompt), llm))
-    finally:
-        release(options.store)
-        record.update(status="finished", calls=llm.calls, structured_output=llm.method.value)
-        update_manifest(options.out, "generate", {**record, **runner.outcome.record()})
-    return runner.outcome, stage.path
+    how = RunSettings(options.out, settings.concurrency, options.force, settings.redact)
+    outcome = execute(stage, plan, plan.manifest(settings), how, progress)
+    return outcome, stage.path
 
 
-def _work(llm: LLM, prompt: Prompt) -> Work:
-    """One row: ask for a QAPair about the chunk."""
+class GeneratePlan:
+    """One question and answer per chunk, through the generate prompt."""
 
-    async def work(task: Task) -> dict[str, Any]:
+    def __init__(self, settings: Settings, options: GenerateOptions, collection: Any) -> None:
+        self.options, self.collection = options, collection
+        self.prompt: Prompt = load_prompt("generate")
+        self.llm = LLM(settings, settings.model_for("generate"))
+
+    def tasks(self, done: set[str]) -> tuple[int, Iterator[Task]]:
+        """The first --limit chunks, less those already done."""
+        count = self.collection.count()
+        wanted = min(count, self.options.limit or count)
+        chunks = islice(iter_chunks(self.collection, self.options.doc_key), self.options.limit)
+        left = max(wanted - len(done), 0)
+        return left, _tasks(chunks, done, self.options.max_chunk_chars)
+
+    async def work(self, task: Task) -> dict[str, Any]:
+        """Ask for a QAPair about the chunk."""
         text: str = task.payload
         if not text.strip():  # nothing to ask about: an error row, and no paid call
             raise RowError("the chunk is empty or whitespace only; nothing to ask about")
-        values = prompt.fill(chunk=text, document=str(task.known["document"]))
-        reply = await llm.structured(prompt.template.format_messages(**values), QAPair)
+        values = self.prompt.fill(chunk=text, document=str(task.known["document"]))
+        reply = await self.llm.structured(self.prompt.template.format_messages(**values), QAPair)
         return {
             "question": reply.value.question,
             "ground_truth_answer": reply.value.answer,
             **reply.cost(),
         }
 
-    return work
+    async def preflight(self) -> None:
+        """Nothing to check beyond what run_generate did."""
+
+    async def aclose(self) -> None:
+        """Close the model's connections and ragexam's client of the store."""
+        await self.llm.aclose()
+        release(self.options.store)
+
+    def figures(self) -> dict[str, Any]:
+        """Calls made, and the structured-output method that was used in the end."""
+        return {"calls": self.llm.calls, "structured_output": self.llm.method.value}
+
+    def manifest(self, settings: Settings) -> dict[str, Any]:
+        """What the questions depend on."""
+        return {
+            "model": self.llm.model,
+            "prompt": {"generate": self.prompt.hash},
+            "store": self.options.store.describe(),
+            "collection": self.collection.name,
+            "settings": settings.public(),
+            "options": {
+                "limit": self.options.limit,
+                "doc_key": self.options.doc_key,
+                "max_chunk_chars": self.options.max_chunk_chars,
+            },
+        }
 
 
 def _tasks(chunks: Iterator[Any], done: set[str], max_chars: int) -> Iterator[Task]:
@@ -127,20 +138,3 @@ def _tasks(chunks: Iterator[Any], done: set[str], max_chars: int) -> Iterator[Ta
             "chunk_chars": len(chunk.text),
         }
         yield Task(qa_id, known, chunk.text[:max_chars])
-
-
-def _manifest(
-    settings: Settings, options: GenerateOptions, llm: LLM, prompt_hash: str, collection: str
-) -> dict[str, Any]:
-    return {
-        "model": llm.model,
-        "prompt": {"generate": prompt_hash},
-        "store": options.store.describe(),
-        "collection": collection,
-        "settings": settings.public(),
-        "options": {
-            "limit": options.limit,
-            "doc_key": options.doc_key,
-            "max_chunk_chars": options.max_chunk_chars,
-        },
-    }

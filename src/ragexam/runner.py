@@ -234,14 +234,70 @@ class Runner:
         self._started.update(self._previous_errors)
 
 
-async def run_closing(
-    runner: Runner, tasks: Iterable[Task] | AsyncIterator[Task], work: Work, llm: Any
+class Plan(Protocol):
+    """What a stage hands the runner: its tasks, the work of one row, and its resources."""
+
+    def tasks(self, done: set[str]) -> tuple[int | None, Iterable[Task] | AsyncIterator[Task]]:
+        """How many rows are left (if known) and the tasks, given the keys already done."""
+        ...
+
+    async def work(self, task: Task) -> dict[str, Any]:
+        """Do one row; raise a RagexamError to make it an error row."""
+        ...
+
+    async def preflight(self) -> None:
+        """Check, inside the event loop and before the first row, what would fail every row."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections and clients."""
+        ...
+
+    def figures(self) -> dict[str, Any]:
+        """What the stage adds to its manifest record when it ends (calls, methods)."""
+        ...
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How the runner runs: the run folder, rows in flight, and what it may redo."""
+
+    out: Path
+    concurrency: int
+    force: bool = False
+    redact: Callable[[str], str] = str
+
+
+def execute(
+    stage: Stage,
+    plan: Plan,
+    record: dict[str, Any],
+    how: RunSettings,
+    progress: Progress | None = None,
 ) -> Outcome:
-    """Run the tasks, then close the model's connections inside the same event loop."""
+    """Resume the stage's output, run what is left in one event loop, and keep the manifest."""
+    runner = Runner(
+        stage, concurrency=how.concurrency, force=how.force, redact=how.redact, progress=progress
+    )
+    done = runner.resume()
+    total, tasks = plan.tasks(done)
+    update_manifest(how.out, stage.name, {**record, "status": "running"})
+
+    async def main() -> None:
+        try:
+            await plan.preflight()
+            if progress is not None:
+                progress.start(total, len(done))
+            await runner.run(tasks, plan.work)
+        finally:
+            await plan.aclose()
+
     try:
-        return await runner.run(tasks, work)
+        asyncio.run(main())
     finally:
-        await llm.aclose()
+        figures = {**plan.figures(), **runner.outcome.record()}
+        update_manifest(how.out, stage.name, {**record, **figures, "status": "finished"})
+    return runner.outcome
 
 
 async def _aiter(tasks: Iterable[Task] | AsyncIterator[Task]) -> AsyncIterator[Task]:
