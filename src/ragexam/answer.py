@@ -222,7 +222,7 @@ class BuiltinRag(RagSystem):
         )
         self.embedding = self.retriever.embedder.name
         self.ready: dict[str, list[list[Hit]]] = {}  # hits of batches retrieved in advance
-        self.prompt: Prompt = load_prompt("answer")
+        self.prompt: Prompt = load_prompt("answer", settings.prompts_dir)
         self.llm = LLM(settings, settings.model_for("answer"))
         self.model, self.prompt_hash = self.llm.model, self.prompt.hash
 

@@ -28,6 +28,7 @@ from ragexam.compare import comparison_table, run_compare
 from ragexam.config import StructuredMethod, debug_enabled, load_settings
 from ragexam.errors import RagexamError
 from ragexam.generate import GenerateOptions, run_generate
+from ragexam.judge import JudgeOptions, Scale, run_judge
 from ragexam.report import terminal_table
 from ragexam.runner import Outcome, check_error_rate
 from ragexam.stats import StatsOptions, run_stats
@@ -269,6 +270,62 @@ def answer(
     check_error_rate(result.path, settings.max_error_rate)
 
 
+SamplesOpt = Annotated[
+    int,
+    typer.Option(
+        "--samples", min=1, help="Grade each answer N times; record mean, std and valid samples."
+    ),
+]
+TemperatureOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--temperature", min=0, max=2, help="Judge temperature [0, or 0.7 with --samples > 1]."
+    ),
+]
+ScaleOpt = Annotated[
+    Scale,
+    typer.Option("--scale", help="unit: floats 0..1; ten: integers 0..10, stored divided by 10."),
+]
+
+
+@app.command()
+@handled
+def judge(
+    out: OutOpt = Path("outputs"),
+    qa_dataset: QaOpt = None,
+    answers: Annotated[
+        Path | None, typer.Option("--answers", help="Answers to grade [OUT/answers.csv].")
+    ] = None,
+    samples: SamplesOpt = 1,
+    temperature: TemperatureOpt = None,
+    scale: ScaleOpt = Scale.unit,
+    limit: LimitOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    model: ModelOpt = None,
+    max_error_rate: ErrorRateOpt = None,
+    structured_output: MethodOpt = None,
+    force: ForceOpt = False,
+) -> None:
+    """Grade every answer against its ground truth: judgments.csv."""
+    settings = load_settings(
+        judge_model=model,
+        concurrency=concurrency,
+        max_error_rate=max_error_rate,
+        structured_output=structured_output,
+    )
+    options = JudgeOptions(out, qa_dataset, answers, limit, samples, temperature, scale, force)
+    with progress_bar("judge") as bar:
+        result = run_judge(settings, options, bar)
+    report("judge", result.outcome, result.path)
+    if result.skipped:
+        err.print(
+            f"  {result.skipped} answers skipped: they are errors in the answers file",
+            markup=False,
+            highlight=False,
+        )
+    check_error_rate(result.path, settings.max_error_rate)
+
+
 @app.command()
 @handled
 def stats(
@@ -321,7 +378,7 @@ def run(
     structured_output: MethodOpt = None,
     force: ForceOpt = False,
 ) -> None:
-    """Run every stage in order: generate, answer."""
+    """Run every stage in order: generate, answer, judge, stats."""
     generate(
         chroma=chroma,
         chroma_url=chroma_url,
@@ -348,6 +405,15 @@ def run(
         max_error_rate=max_error_rate,
         force=force,
     )
+    judge(
+        out=out,
+        concurrency=concurrency,
+        model=model,
+        max_error_rate=max_error_rate,
+        structured_output=structured_output,
+        force=force,
+    )
+    stats(out=out, k=k)
 
 
 def main() -> None:
@@ -358,6 +424,11 @@ def main() -> None:
 def generate_main() -> None:
     """Entry point of `ragexam-generate`."""
     typer.run(generate)
+
+
+def judge_main() -> None:
+    """Entry point of `ragexam-judge`."""
+    typer.run(judge)
 
 
 def stats_main() -> None:

@@ -66,6 +66,7 @@ class Settings(BaseSettings):
         StructuredMethod.json_schema,
         validation_alias=AliasChoices("structured_output", "RAGEXAM_STRUCTURED_OUTPUT"),
     )
+    prompts_dir: Path | None = _env("prompts_dir", "RAGEXAM_PROMPTS_DIR")
     max_error_rate: float = Field(
         0.05, ge=0, le=1, validation_alias=AliasChoices("max_error_rate", "RAGEXAM_MAX_ERROR_RATE")
     )

@@ -59,10 +59,18 @@ class RowError(RagexamError):
 class LLMError(RagexamError):
     """One LLM call failed for good, after `attempts` tries."""
 
-    def __init__(self, reason: str, *, attempts: int = 1, raw: str | None = None) -> None:
+    def __init__(
+        self,
+        reason: str,
+        *,
+        attempts: int = 1,
+        raw: str | None = None,
+        tokens: tuple[int, int] = (0, 0),
+    ) -> None:
         self.reason = reason
         self.attempts = attempts
         self.raw = raw
+        self.tokens = tokens  # prompt and completion tokens the failed attempts still cost
         super().__init__(reason)
 
 

@@ -74,7 +74,7 @@ class GeneratePlan:
 
     def __init__(self, settings: Settings, options: GenerateOptions, collection: Any) -> None:
         self.options, self.collection = options, collection
-        self.prompt: Prompt = load_prompt("generate")
+        self.prompt: Prompt = load_prompt("generate", settings.prompts_dir)
         self.llm = LLM(settings, settings.model_for("generate"))
 
     def tasks(self, done: set[str]) -> tuple[int, Iterator[Task]]:
@@ -108,7 +108,11 @@ class GeneratePlan:
 
     def figures(self) -> dict[str, Any]:
         """Calls made, and the structured-output method that was used in the end."""
-        return {"calls": self.llm.calls, "structured_output": self.llm.method.value}
+        return {
+            "calls": self.llm.calls,
+            "structured_output": self.llm.method.value,
+            "tokens_billed": {"prompt": self.llm.tokens[0], "completion": self.llm.tokens[1]},
+        }
 
     def manifest(self, settings: Settings) -> dict[str, Any]:
         """What the questions depend on."""

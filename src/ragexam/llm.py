@@ -108,6 +108,7 @@ class LLM:
         self.redact = settings.redact
         self.gate = RateGate()
         self.calls = 0
+        self.tokens = [0, 0]  # prompt and completion tokens of every call, failed ones too
         self._runnables: dict[tuple[type[BaseModel], StructuredMethod], Runnable[Any, Any]] = {}
 
     async def aclose(self) -> None:
@@ -176,19 +177,32 @@ class LLM:
             try:
                 value, raw = await once()
             except Exception as exc:
-                _add_usage(tokens, getattr(exc, "raw_message", None))
-                reason, delay = self._failure(exc, attempt)
+                self._count(tokens, getattr(exc, "raw_message", None))
+                reason, delay = self._failure(exc, attempt, tokens)
                 raw_text = getattr(exc, "raw", None) or raw_text
                 if attempt <= self.max_retries:
                     await asyncio.sleep(delay)
                 continue
-            _add_usage(tokens, raw)
+            self._count(tokens, raw)
             latency = time.monotonic() - started
             return Reply(value, tokens[0], tokens[1], attempt, latency, _content(raw))
         attempts = self.max_retries + 1
-        raise LLMError(f"{reason} (after {attempts} attempts)", attempts=attempts, raw=raw_text)
+        raise LLMError(
+            f"{reason} (after {attempts} attempts)",
+            attempts=attempts,
+            raw=raw_text,
+            tokens=(tokens[0], tokens[1]),
+        )
 
-    def _failure(self, exc: Exception, attempt: int) -> tuple[str, float]:
+    def _count(self, tokens: list[int], raw: AIMessage | None) -> None:
+        """Add one attempt's usage to the row's tokens and to this model's totals."""
+        usage = raw.usage_metadata if raw is not None else None
+        if usage:
+            for index, used in enumerate((usage["input_tokens"], usage["output_tokens"])):
+                tokens[index] += used
+                self.tokens[index] += used
+
+    def _failure(self, exc: Exception, attempt: int, tokens: list[int]) -> tuple[str, float]:
         """What one failed attempt means: its reason and the wait before the next, or raise."""
         reason = self.redact(describe(exc))
         if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
@@ -197,7 +211,7 @@ class LLM:
             return reason, 0.0
         if not isinstance(exc, RETRYABLE):
             if isinstance(exc, openai.APIError):
-                raise LLMError(reason, attempts=attempt) from None
+                raise LLMError(reason, attempts=attempt, tokens=(tokens[0], tokens[1])) from None
             raise exc  # not an API failure: a bug, keep its traceback
         waited = retry_after(exc)
         if waited is not None:
@@ -288,13 +302,6 @@ def _content(raw: AIMessage) -> str:
     if isinstance(content, str):
         return content
     return "".join(part if isinstance(part, str) else str(part.get("text", "")) for part in content)
-
-
-def _add_usage(tokens: list[int], raw: AIMessage | None) -> None:
-    usage = raw.usage_metadata if raw is not None else None
-    if usage:
-        tokens[0] += usage.get("input_tokens", 0)
-        tokens[1] += usage.get("output_tokens", 0)
 
 
 def _reask(raw: AIMessage, exc: OutputError) -> list[BaseMessage]:

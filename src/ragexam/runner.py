@@ -146,10 +146,10 @@ class Runner:
             row = ok[stale[0]]
             raise OutputFileError(
                 self.stage.path,
-                f"{len(stale)} existing rows came from model {row['model']!r} and prompt "
-                f"{row['prompt_hash']!r}, but this run uses model {self.stage.model!r} and "
-                f"prompt {self.stage.prompt_hash!r}; pass --force to redo them, or use "
-                "another --out",
+                f"{len(stale)} existing rows came from a different model or prompt (model "
+                f"{row['model']!r}, prompt {row['prompt_hash']!r}) than this run (model "
+                f"{self.stage.model!r}, prompt {self.stage.prompt_hash!r}); pass --force to "
+                "redo them, or use another --out",
             )
         for key in stale:
             del ok[key]
@@ -205,6 +205,7 @@ class Runner:
         row: dict[str, Any] = {"status": "error", "error": reason}
         if isinstance(exc, LLMError):
             row["attempts"] = exc.attempts
+            row["prompt_tokens"], row["completion_tokens"] = exc.tokens
             if exc.raw:
                 row["raw_reply"] = self.redact(exc.raw[:RAW_LIMIT])
         return row

@@ -1,0 +1,245 @@
+"""The judge stage: grade each answer against its ground truth on completeness and conciseness.
+
+A grade comes only from a reply that validated against the schema, bounds included: a value
+out of range is re-asked, never clamped, and a row whose every sample failed is an `error`
+row with the reason and the raw reply, never a default score.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from ragexam.answer import ANSWERS_FILE
+from ragexam.config import Settings
+from ragexam.csvfile import read_rows
+from ragexam.errors import LLMError, RowError
+from ragexam.generate import QA_FILE
+from ragexam.llm import LLM, Reply
+from ragexam.prompts import Delimited, Prompt, load_prompt
+from ragexam.runner import Outcome, Progress, RunSettings, Stage, Task, execute
+
+JUDGMENTS_FILE = "judgments.csv"
+JUDGE_COLUMNS = (
+    "completeness",
+    "conciseness",
+    "completeness_std",
+    "conciseness_std",
+    "samples",
+    "samples_valid",
+    "scale",
+    "reasoning",
+    "sample_error",
+)
+REASONING = "Briefly: the ground truth's facts found or missing, and the answer's extra statements."
+
+
+class Scale(StrEnum):
+    """How the judge grades: floats 0..1, or integers 0..10 stored divided by 10."""
+
+    unit = "unit"
+    ten = "ten"
+
+
+class UnitGrade(BaseModel):
+    """Grades on the unit scale."""
+
+    reasoning: str = Field(description=REASONING)
+    completeness: float = Field(ge=0, le=1, description="Share of the ground truth present.")
+    conciseness: float = Field(ge=0, le=1, description="Share of the answer that is useful.")
+
+
+class TenGrade(BaseModel):
+    """Grades on the ten-point scale."""
+
+    reasoning: str = Field(description=REASONING)
+    completeness: int = Field(ge=0, le=10, description="Share of the ground truth present, 0-10.")
+    conciseness: int = Field(ge=0, le=10, description="Share of the answer that is useful, 0-10.")
+
+
+SCALES: dict[Scale, tuple[type[UnitGrade] | type[TenGrade], float, str]] = {
+    Scale.unit: (
+        UnitGrade,
+        1.0,
+        "Give each grade as a decimal number from 0 to 1, such as 0.5 when half of it is there.",
+    ),
+    Scale.ten: (
+        TenGrade,
+        10.0,
+        "Give each grade as a whole number from 0 to 10, such as 5 when half of it is there.",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class JudgeOptions:
+    """What `ragexam judge` was asked to do."""
+
+    out: Path
+    qa_path: Path | None = None
+    answers_path: Path | None = None
+    limit: int | None = None
+    samples: int = 1
+    temperature: float | None = None
+    scale: Scale = Scale.unit
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class Exam:
+    """One answered question: what the judge is shown."""
+
+    qa_id: str
+    question: str | None
+    ground_truth: str | None
+    answer: str
+
+
+@dataclass(frozen=True)
+class JudgeResult:
+    """What the stage did, where it wrote, and how many answers it skipped."""
+
+    outcome: Outcome
+    path: Path
+    skipped: int
+
+
+def read_exams(qa_path: Path, answers_path: Path) -> tuple[list[Exam], int]:
+    """Answered questions joined on qa_id, and the count of error answers skipped."""
+    qa = {
+        row["qa_id"]: row
+        for row in read_rows(qa_path, ("qa_id", "question", "ground_truth_answer"))
+    }
+    exams, skipped = [], 0
+    for row in read_rows(answers_path, ("qa_id", "answer", "status")):
+        if row["status"] != "ok":
+            skipped += 1
+            continue
+        source = qa.get(row["qa_id"])
+        usable = source is not None and source.get("status", "ok") in ("ok", "")
+        exams.append(
+            Exam(
+                row["qa_id"],
+                source["question"] if usable and source else None,
+                source["ground_truth_answer"] if usable and source else None,
+                row["answer"],
+            )
+        )
+    return exams, skipped
+
+
+def run_judge(
+    settings: Settings, options: JudgeOptions, progress: Progress | None = None
+) -> JudgeResult:
+    """Write `judgments.csv`; inputs and key are checked before the first paid call."""
+    exams, skipped = read_exams(
+        options.qa_path or options.out / QA_FILE, options.answers_path or options.out / ANSWERS_FILE
+    )
+    settings.api_key()
+    plan = JudgePlan(settings, options, exams[: options.limit])
+    stage = Stage(
+        "judge",
+        options.out / JUDGMENTS_FILE,
+        "qa_id",
+        JUDGE_COLUMNS,
+        plan.llm.model,
+        plan.prompt.hash,
+    )
+    record = {
+        "model": plan.llm.model,
+        "prompt": {"judge": plan.prompt.hash},
+        "scale": options.scale.value,
+        "samples": options.samples,
+        "temperature": plan.temperature,
+        "skipped": skipped,
+        "settings": settings.public(),
+    }
+    how = RunSettings(options.out, settings.concurrency, options.force, settings.redact)
+    outcome = execute(stage, plan, record, how, progress)
+    return JudgeResult(outcome, stage.path, skipped)
+
+
+class JudgePlan:
+    """Grade every answered question, `samples` times each."""
+
+    def __init__(self, settings: Settings, options: JudgeOptions, exams: list[Exam]) -> None:
+        self.options, self.exams = options, exams
+        self.schema, self.divisor, self.scale_note = SCALES[options.scale]
+        default = 0.0 if options.samples == 1 else 0.7  # several samples need some variety
+        self.temperature = default if options.temperature is None else options.temperature
+        self.prompt: Prompt = load_prompt("judge", settings.prompts_dir)
+        self.llm = LLM(settings, settings.model_for("judge"), temperature=self.temperature)
+
+    def tasks(self, done: set[str]) -> tuple[int, Iterator[Task]]:
+        """The answers not yet judged."""
+        left = [exam for exam in self.exams if exam.qa_id not in done]
+        known = {"samples": self.options.samples, "scale": self.options.scale.value}
+        return len(left), (Task(exam.qa_id, known, exam) for exam in left)
+
+    async def work(self, task: Task) -> dict[str, Any]:
+        """Ask for the grades `samples` times; the row is ok if one sample validated."""
+        exam: Exam = task.payload
+        if exam.question is None or exam.ground_truth is None:
+            raise RowError("no ok question with this qa_id in the qa dataset: nothing to grade by")
+        messages = self.prompt.template.format_messages(
+            **self.prompt.fill(
+                question=exam.question,
+                ground_truth=exam.ground_truth,
+                answer=exam.answer,
+                scale=Delimited(self.scale_note),
+            )
+        )
+        replies: list[Reply[Any]] = []
+        failure: LLMError | None = None
+        for _ in range(self.options.samples):
+            try:
+                replies.append(await self.llm.structured(messages, self.schema))
+            except LLMError as exc:
+                failure = exc
+        if not replies:
+            assert failure is not None
+            raise failure
+        return self._row(replies, failure)
+
+    def _row(self, replies: list[Reply[Any]], failure: LLMError | None) -> dict[str, Any]:
+        completeness = [reply.value.completeness / self.divisor for reply in replies]
+        conciseness = [reply.value.conciseness / self.divisor for reply in replies]
+        return {
+            "completeness": statistics.fmean(completeness),
+            "conciseness": statistics.fmean(conciseness),
+            "completeness_std": _std(completeness),
+            "conciseness_std": _std(conciseness),
+            "samples_valid": len(replies),
+            "reasoning": replies[0].value.reasoning,
+            "sample_error": failure.reason if failure else None,
+            "prompt_tokens": sum(reply.prompt_tokens for reply in replies),
+            "completion_tokens": sum(reply.completion_tokens for reply in replies),
+            "attempts": sum(reply.attempts for reply in replies),
+            "latency_s": round(sum(reply.latency for reply in replies), 3),
+        }
+
+    async def preflight(self) -> None:
+        """Nothing to check beyond what run_judge did."""
+
+    async def aclose(self) -> None:
+        """Close the model's connections."""
+        await self.llm.aclose()
+
+    def figures(self) -> dict[str, Any]:
+        """Calls made, and the structured-output method that was used in the end."""
+        return {
+            "calls": self.llm.calls,
+            "structured_output": self.llm.method.value,
+            "tokens_billed": {"prompt": self.llm.tokens[0], "completion": self.llm.tokens[1]},
+        }
+
+
+def _std(values: list[float]) -> float | None:
+    """Sample standard deviation; none for a single value."""
+    return statistics.stdev(values) if len(values) > 1 else None
