@@ -12,18 +12,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
-import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-
-from openai_server import FakeOpenAI  # noqa: E402
+from common import FakeOpenAI, run_stage
 
 BATCH = 64
 
@@ -102,24 +96,11 @@ def main() -> None:
         os.environ.update(env)
         store, questions = build(tmp, server, args.rows)
         server.latency = args.latency
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "ragexam.cli",
-                "answer",
-                "--chroma",
-                str(store),
-                "--out",
-                str(tmp / "run"),
-                "--concurrency",
-                str(args.concurrency),
-            ],
-            env={**os.environ, **env},
-            check=True,
-            stderr=subprocess.DEVNULL,
+        record = run_stage(
+            {**os.environ, **env},
+            tmp / "run",
+            ["answer", "--chroma", str(store), "--concurrency", str(args.concurrency)],
         )
-        record = json.loads((tmp / "run" / "manifest.json").read_text())["stages"]["answer"]
         server.latency = 0.0
         times = retrieval_times(store, questions, env)
     rate, ceiling = float(record["rows_per_second"]), args.concurrency / args.latency

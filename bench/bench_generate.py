@@ -10,43 +10,18 @@ in the same run. Both clients run in their own process; the server runs in this 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import resource
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-
-from openai_server import FakeOpenAI  # noqa: E402
-
-BARE_LOOP = """
-import asyncio, json, sys, time, openai
-rows, concurrency, body = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
-async def main():
-    client = openai.AsyncOpenAI(max_retries=0, timeout=60)
-    gate = asyncio.Semaphore(concurrency)
-    async def one(i):
-        async with gate:
-            messages = [dict(m) for m in body["messages"]]
-            messages[-1]["content"] += f" {i}"
-            await client.chat.completions.create(**{**body, "messages": messages})
-    started = time.perf_counter()
-    await asyncio.gather(*(one(i) for i in range(rows)))
-    print(rows / (time.perf_counter() - started))
-asyncio.run(main())
-"""
+from common import FakeOpenAI, run_bare, run_stage
 
 
 def build_store(path: Path, rows: int) -> None:
     """A store of `rows` chunks with explicit embeddings (no model download)."""
     import chromadb
 
-    client = chromadb.PersistentClient(str(path))
-    collection = client.create_collection("bench")
+    collection = chromadb.PersistentClient(str(path)).create_collection("bench")
     for start in range(0, rows, 1000):
         ids = [f"chunk-{i:06d}" for i in range(start, min(start + 1000, rows))]
         collection.add(
@@ -55,48 +30,6 @@ def build_store(path: Path, rows: int) -> None:
             documents=[f"Fact {i}: widget {i} weighs {i * 3} grams." for i in ids],
             metadatas=[{"source": f"doc{hash(i) % 20}.md"} for i in ids],
         )
-
-
-def child_cpu() -> float:
-    """CPU seconds used so far by finished child processes."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def run_ragexam(env: dict[str, str], store: Path, out: Path, concurrency: int) -> float:
-    """rows/s of the generate stage, as the runner measured its own loop."""
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ragexam.cli",
-            "generate",
-            "--chroma",
-            str(store),
-            "--out",
-            str(out),
-            "--concurrency",
-            str(concurrency),
-        ],
-        env=env,
-        check=True,
-        stderr=subprocess.DEVNULL,
-    )
-    record = json.loads((out / "manifest.json").read_text())["stages"]["generate"]
-    return float(record["rows_per_second"])
-
-
-def run_bare(env: dict[str, str], server: FakeOpenAI, rows: int, concurrency: int) -> float:
-    """rows/s of a bare SDK loop sending the same request generate sends."""
-    body = dict(server.requests[0].body)
-    out = subprocess.run(
-        [sys.executable, "-c", BARE_LOOP, str(rows), str(concurrency), json.dumps(body)],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return float(out.stdout.strip())
 
 
 def main() -> None:
@@ -109,21 +42,28 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, FakeOpenAI(latency=args.latency) as server:
         build_store(Path(tmp) / "store", args.rows)
         env = {**os.environ, "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "bench"}
-        cpu = child_cpu()
-        ragexam = run_ragexam(env, Path(tmp) / "store", Path(tmp) / "run", args.concurrency)
-        cpu_ragexam, cpu = child_cpu() - cpu, child_cpu()
-        bare = run_bare(env, server, args.rows, args.concurrency)
-        cpu_bare = child_cpu() - cpu
-    ceiling = args.concurrency / args.latency
+        record = run_stage(
+            env,
+            Path(tmp) / "run",
+            [
+                "generate",
+                "--chroma",
+                str(Path(tmp) / "store"),
+                "--concurrency",
+                str(args.concurrency),
+            ],
+        )
+        bare = run_bare(env, dict(server.requests[0].body), args.rows, args.concurrency)
+    rate, ceiling = float(record["rows_per_second"]), args.concurrency / args.latency
     print(f"generate: {args.rows} rows, concurrency {args.concurrency}, latency {args.latency}s")
-    print(f"  ragexam   {ragexam:7.1f} rows/s")
+    print(f"  ragexam   {rate:7.1f} rows/s")
     print(f"  bare SDK  {bare:7.1f} rows/s")
     print(f"  ceiling   {ceiling:7.1f} rows/s (concurrency / latency)")
-    print(f"  ragexam / ceiling  = {ragexam / ceiling:.3f}   (target >= 0.85)")
-    print(f"  ragexam / bare SDK = {ragexam / bare:.3f}   (target >= 0.90)")
+    print(f"  ragexam / ceiling  = {rate / ceiling:.3f}   (target >= 0.85)")
+    print(f"  ragexam / bare SDK = {rate / bare:.3f}   (target >= 0.90)")
     print(
-        f"  client CPU per row, whole process incl. start-up: ragexam "
-        f"{1000 * cpu_ragexam / args.rows:.1f} ms, bare SDK {1000 * cpu_bare / args.rows:.1f} ms"
+        f"  ragexam process CPU per row, start-up included: "
+        f"{1000 * record['cpu_seconds'] / args.rows:.1f} ms"
     )
 
 

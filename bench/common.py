@@ -1,0 +1,65 @@
+"""What the benchmarks share: the test server, a bare SDK loop, and the child processes' CPU."""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from openai_server import FakeOpenAI  # noqa: E402
+
+__all__ = ["ROOT", "FakeOpenAI", "child_cpu", "run_bare", "run_stage"]
+
+BARE_LOOP = """
+import asyncio, json, sys, time, openai
+rows, concurrency, body = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
+async def main():
+    client = openai.AsyncOpenAI(max_retries=0, timeout=60)
+    gate = asyncio.Semaphore(concurrency)
+    async def one(i):
+        async with gate:
+            messages = [dict(m) for m in body["messages"]]
+            messages[-1]["content"] += f" {i}"
+            await client.chat.completions.create(**{**body, "messages": messages})
+    started = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(rows)))
+    print(rows / (time.perf_counter() - started))
+asyncio.run(main())
+"""
+
+
+def child_cpu() -> float:
+    """CPU seconds used so far by finished child processes."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_stage(env: dict[str, str], out: Path, args: list[str]) -> dict[str, Any]:
+    """Run `ragexam ARGS` in its own process; the stage's manifest record, with its CPU time."""
+    started = child_cpu()
+    subprocess.run(
+        [sys.executable, "-m", "ragexam.cli", *args, "--out", str(out)],
+        env=env,
+        check=True,
+        stderr=subprocess.DEVNULL,
+    )
+    record: dict[str, Any] = json.loads((out / "manifest.json").read_text())["stages"][args[0]]
+    return {**record, "cpu_seconds": child_cpu() - started}
+
+
+def run_bare(env: dict[str, str], body: dict[str, Any], rows: int, concurrency: int) -> float:
+    """rows/s of a bare openai.AsyncOpenAI loop sending `body`, in its own process."""
+    out = subprocess.run(
+        [sys.executable, "-c", BARE_LOOP, str(rows), str(concurrency), json.dumps(body)],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return float(out.stdout.strip())
