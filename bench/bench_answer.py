@@ -9,7 +9,6 @@ measured in the same run (with no server latency, so only the overheads differ).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import csv
 import os
@@ -17,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import FakeOpenAI, run_stage
+from common import FakeOpenAI, parse_args, run_stage
 
 BATCH = 64
 
@@ -85,11 +84,7 @@ def retrieval_times(
 
 def main() -> None:
     """Run the stage once, then the retrieval comparison, and print the figures."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, default=1000)
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--latency", type=float, default=0.2)
-    args = parser.parse_args()
+    args = parse_args()
     with tempfile.TemporaryDirectory() as name, FakeOpenAI() as server:
         tmp = Path(name)
         env = {"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "bench"}

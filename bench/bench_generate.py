@@ -9,12 +9,11 @@ in the same run. Both clients run in their own process; the server runs in this 
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 from pathlib import Path
 
-from common import FakeOpenAI, run_bare, run_stage
+from common import FakeOpenAI, parse_args, run_bare, run_stage
 
 
 def build_store(path: Path, rows: int) -> None:
@@ -34,11 +33,7 @@ def build_store(path: Path, rows: int) -> None:
 
 def main() -> None:
     """Run both clients once and print the figures."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, default=1000)
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--latency", type=float, default=0.2)
-    args = parser.parse_args()
+    args = parse_args()
     with tempfile.TemporaryDirectory() as tmp, FakeOpenAI(latency=args.latency) as server:
         build_store(Path(tmp) / "store", args.rows)
         env = {**os.environ, "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "bench"}

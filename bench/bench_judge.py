@@ -9,13 +9,12 @@ and the calls and tokens per row (exactly 1 call per row at --samples 1 with no 
 
 from __future__ import annotations
 
-import argparse
 import csv
 import os
 import tempfile
 from pathlib import Path
 
-from common import FakeOpenAI, run_bare, run_stage
+from common import FakeOpenAI, parse_args, run_bare, run_stage
 
 
 def write_exam(run: Path, rows: int) -> None:
@@ -49,11 +48,7 @@ def write_exam(run: Path, rows: int) -> None:
 
 def main() -> None:
     """Judge once with ragexam and once with the bare SDK; print the figures."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, default=1000)
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--latency", type=float, default=0.2)
-    args = parser.parse_args()
+    args = parse_args()
     with tempfile.TemporaryDirectory() as tmp, FakeOpenAI(latency=args.latency) as server:
         write_exam(Path(tmp) / "run", args.rows)
         env = {**os.environ, "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "bench"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import resource
 import subprocess
@@ -14,7 +15,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from openai_server import FakeOpenAI  # noqa: E402
 
-__all__ = ["ROOT", "FakeOpenAI", "child_cpu", "run_bare", "run_stage"]
+__all__ = ["ROOT", "FakeOpenAI", "child_cpu", "parse_args", "run_bare", "run_stage"]
 
 BARE_LOOP = """
 import asyncio, json, sys, time, openai
@@ -32,6 +33,15 @@ async def main():
     print(rows / (time.perf_counter() - started))
 asyncio.run(main())
 """
+
+
+def parse_args() -> argparse.Namespace:
+    """--rows, --concurrency and --latency, with the issues' defaults."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--latency", type=float, default=0.2, help="seconds per call")
+    return parser.parse_args()
 
 
 def child_cpu() -> float:

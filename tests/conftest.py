@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -85,3 +89,24 @@ def run_cli(*args: str) -> Result:
 def read_csv(path: Path) -> list[dict[str, str]]:
     """Rows of an output CSV as ragexam reads them back."""
     return read_rows(path, ["status"])
+
+
+def kill_midway(args: list[str], output: Path, lines: int) -> None:
+    """Run `ragexam ARGS` in a process and SIGKILL it once `output` holds `lines` lines."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ragexam.cli", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and _lines(output) < lines:
+        time.sleep(0.02)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def _lines(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0

@@ -5,17 +5,15 @@ from __future__ import annotations
 import csv
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import chromadb
 import pytest
 from chromadb.api.client import SharedSystemClient
 from chromadb.utils.embedding_functions import OpenAIEmbeddingFunction
-from conftest import build_store, read_csv, run_cli, snapshot
+from conftest import build_store, kill_midway, read_csv, run_cli, snapshot
 from openai_server import FakeOpenAI
 from test_generate import docs
 
@@ -268,18 +266,7 @@ def test_sigkill_midway_then_rerun_answers_each_question_once(
     env.latency = 0.05
     args = ["answer", "--chroma", str(store), "--out", "run", "--concurrency", "8"]
     output = tmp_path / "run" / "answers.csv"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "ragexam.cli", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and (
-        not output.exists() or output.read_bytes().count(b"\n") < 70
-    ):
-        time.sleep(0.02)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
+    kill_midway(args, output, 70)
     assert 40 < len(read_csv(output)) < 150
     env.latency = 0.0
     result = run_cli(*args)

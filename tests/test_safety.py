@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import chromadb
 import pytest
 from chromadb.api.client import SharedSystemClient
-from conftest import build_store, read_csv, run_cli, snapshot
+from conftest import build_store, kill_midway, read_csv, run_cli, snapshot
 from openai_server import FakeOpenAI
 from test_generate import docs
 
@@ -129,16 +124,7 @@ def test_sigkill_midway_then_rerun_loses_nothing_and_repeats_little(
     concurrency = 8
     args = ["generate", "--chroma", str(store), "--out", "run", "--concurrency", str(concurrency)]
     output = tmp_path / "run" / "qa_dataset.csv"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "ragexam.cli", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and _lines(output) < 60:
-        time.sleep(0.02)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
+    kill_midway(args, output, 60)
     first_run = [_chunk_of(r.body) for r in env.requests]
     survived = {row["chunk_id"] for row in read_csv(output)}  # also repairs a torn tail
     assert 30 < len(survived) < 120
@@ -152,13 +138,6 @@ def test_sigkill_midway_then_rerun_loses_nothing_and_repeats_little(
     second_run = [_chunk_of(r.body) for r in env.requests[len(first_run) :]]
     assert not survived & set(second_run)  # finished rows were not asked again
     assert len(set(first_run) & set(second_run)) <= concurrency  # only the in-flight ones
-
-
-def _lines(path: Path) -> int:
-    try:
-        return path.read_bytes().count(b"\n")
-    except FileNotFoundError:
-        return 0
 
 
 def _chunk_of(body: dict[str, object]) -> str:
