@@ -15,10 +15,9 @@ PLANTED = "sk-planted-4f9c2e7a1b3d5f6e8a9b0c1d2e3f4a5b"
 
 
 def one_line(output: str) -> str:
-    lines = [line for line in output.splitlines() if line.strip()]
-    assert len(lines) == 1, output
-    assert lines[0].startswith("Error: ")
-    return lines[0]
+    """The whole output is exactly one line, the error."""
+    assert output.startswith("Error: ") and output.count("\n") == 1, repr(output)
+    return output
 
 
 def test_missing_store_is_not_created(env: FakeOpenAI, tmp_path: Path) -> None:

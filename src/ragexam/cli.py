@@ -124,7 +124,7 @@ class BarProgress:
             TimeRemainingColumn(),
         )
         self.bar = Progress(*columns, console=err)
-        self.label, self.errors = label, 0
+        self.label, self.errors, self.started = label, 0, False
         self.task = self.bar.add_task(label, errors=0, start=False)
 
     def start(self, total: int | None, done_before: int) -> None:
@@ -133,6 +133,7 @@ class BarProgress:
         self.bar.update(self.task, total=total, description=note)
         self.bar.start_task(self.task)
         self.bar.start()
+        self.started = True
 
     def advance(self, ok: bool) -> None:
         """One more row."""
@@ -155,7 +156,8 @@ def progress_bar(label: str) -> Iterator[BarProgress]:
     try:
         yield progress
     finally:
-        progress.bar.stop()
+        if progress.started:  # stopping a bar that never started prints a blank line
+            progress.bar.stop()
 
 
 def report(stage: str, outcome: Outcome, path: Path) -> None:
