@@ -117,3 +117,21 @@ def test_a_torn_tail_is_cut_at_every_byte(tmp_path: Path) -> None:
         assert len(rows) == expected, cut
         assert rows[:1] in ([], [{"a": "x\ny", "b": 'é"q'}])
         assert path.read_bytes() == whole[: len(path.read_bytes())]
+
+
+def test_env_example_and_readme_list_every_variable() -> None:
+    from ragexam.config import Settings
+
+    root = Path(__file__).resolve().parents[1]
+    example = (root / ".env.example").read_text()
+    readme = (root / "README.md").read_text()
+    names = {
+        alias
+        for field in Settings.model_fields.values()
+        for alias in getattr(field.validation_alias, "choices", [])
+        if isinstance(alias, str) and alias.isupper()
+    }
+    assert len(names) == len(Settings.model_fields)
+    missing = {name for name in names | {"RAGEXAM_DEBUG"} if name not in example}
+    assert not missing
+    assert not {name for name in names if name not in readme}
