@@ -20,7 +20,7 @@ from ragexam.llm import LLM
 from ragexam.prompts import Prompt, context_block, load_prompt
 from ragexam.rag import call_rag, load_rag
 from ragexam.retrieval import Hit, Retriever, make_embedder, rank_of
-from ragexam.runner import Outcome, Progress, RunSettings, Stage, Task, execute
+from ragexam.runner import Progress, RunSettings, Stage, StageResult, Task, execute
 from ragexam.store import StoreRef, get_chunks, open_collection, release
 
 ANSWERS_FILE = "answers.csv"
@@ -52,15 +52,6 @@ class AnswerOptions:
     force: bool = False
 
 
-@dataclass(frozen=True)
-class AnswerResult:
-    """What the stage did, where it wrote, and how many questions it skipped."""
-
-    outcome: Outcome
-    path: Path
-    skipped: int
-
-
 def read_questions(path: Path) -> tuple[list[Question], int]:
     """The `ok` questions of a qa_dataset.csv (ours or hand-made), and the count skipped."""
     rows = read_rows(path, QA_REQUIRED)
@@ -78,7 +69,7 @@ def read_questions(path: Path) -> tuple[list[Question], int]:
 
 def run_answer(
     settings: Settings, options: AnswerOptions, progress: Progress | None = None
-) -> AnswerResult:
+) -> StageResult:
     """Write `answers.csv`; every input is checked before the first paid call."""
     questions, skipped = read_questions(options.qa_path or options.out / QA_FILE)
     rag = load_rag(options.rag) if options.rag else None  # first: it may open the store too
@@ -97,7 +88,7 @@ def run_answer(
     record = {**system.manifest(settings, options, collection), "skipped": skipped}
     how = RunSettings(options.out, settings.concurrency, options.force, settings.redact)
     outcome = execute(stage, system, record, how, progress)
-    return AnswerResult(outcome, stage.path, skipped)
+    return StageResult(outcome, stage.path, skipped)
 
 
 def _collection(options: AnswerOptions) -> Any:

@@ -31,6 +31,13 @@ class StructuredMethod(StrEnum):
     prompt = "prompt"  # no server support needed: the schema is in the prompt, the reply parsed
 
 
+class Scale(StrEnum):
+    """How the judge grades: floats 0..1, or integers 0..10 stored divided by 10."""
+
+    unit = "unit"
+    ten = "ten"
+
+
 def _env(*names: str) -> Any:
     return Field(None, validation_alias=AliasChoices(*names))
 

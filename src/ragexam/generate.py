@@ -15,7 +15,7 @@ from ragexam.config import Settings
 from ragexam.errors import RowError
 from ragexam.llm import LLM
 from ragexam.prompts import Prompt, load_prompt
-from ragexam.runner import Outcome, Progress, RunSettings, Stage, Task, execute
+from ragexam.runner import Progress, RunSettings, Stage, StageResult, Task, execute
 from ragexam.store import StoreRef, iter_chunks, open_collection, release
 
 QA_FILE = "qa_dataset.csv"
@@ -55,7 +55,7 @@ def qa_id_for(chunk_id: str, index: int = 0) -> str:
 
 def run_generate(
     settings: Settings, options: GenerateOptions, progress: Progress | None = None
-) -> tuple[Outcome, Path]:
+) -> StageResult:
     """Write `qa_dataset.csv` in the run folder; checks inputs before any paid call."""
     settings.api_key()
     collection = open_collection(options.store)
@@ -66,7 +66,7 @@ def run_generate(
     )
     how = RunSettings(options.out, settings.concurrency, options.force, settings.redact)
     outcome = execute(stage, plan, plan.manifest(settings), how, progress)
-    return outcome, stage.path
+    return StageResult(outcome, stage.path)
 
 
 class GeneratePlan:

@@ -10,20 +10,19 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from ragexam.answer import ANSWERS_FILE
-from ragexam.config import Settings
+from ragexam.config import Scale, Settings
 from ragexam.csvfile import read_rows
 from ragexam.errors import LLMError, RowError
 from ragexam.generate import QA_FILE
 from ragexam.llm import LLM, Reply
 from ragexam.prompts import Delimited, Prompt, load_prompt
-from ragexam.runner import Outcome, Progress, RunSettings, Stage, Task, execute
+from ragexam.runner import Progress, RunSettings, Stage, StageResult, Task, execute
 
 JUDGMENTS_FILE = "judgments.csv"
 JUDGE_COLUMNS = (
@@ -38,13 +37,6 @@ JUDGE_COLUMNS = (
     "sample_error",
 )
 REASONING = "Briefly: the ground truth's facts found or missing, and the answer's extra statements."
-
-
-class Scale(StrEnum):
-    """How the judge grades: floats 0..1, or integers 0..10 stored divided by 10."""
-
-    unit = "unit"
-    ten = "ten"
 
 
 class UnitGrade(BaseModel):
@@ -101,15 +93,6 @@ class Exam:
     answer: str
 
 
-@dataclass(frozen=True)
-class JudgeResult:
-    """What the stage did, where it wrote, and how many answers it skipped."""
-
-    outcome: Outcome
-    path: Path
-    skipped: int
-
-
 def read_exams(qa_path: Path, answers_path: Path) -> tuple[list[Exam], int]:
     """Answered questions joined on qa_id, and the count of error answers skipped."""
     qa = {
@@ -136,7 +119,7 @@ def read_exams(qa_path: Path, answers_path: Path) -> tuple[list[Exam], int]:
 
 def run_judge(
     settings: Settings, options: JudgeOptions, progress: Progress | None = None
-) -> JudgeResult:
+) -> StageResult:
     """Write `judgments.csv`; inputs and key are checked before the first paid call."""
     exams, skipped = read_exams(
         options.qa_path or options.out / QA_FILE, options.answers_path or options.out / ANSWERS_FILE
@@ -162,7 +145,7 @@ def run_judge(
     }
     how = RunSettings(options.out, settings.concurrency, options.force, settings.redact)
     outcome = execute(stage, plan, record, how, progress)
-    return JudgeResult(outcome, stage.path, skipped)
+    return StageResult(outcome, stage.path, skipped)
 
 
 class JudgePlan:

@@ -87,6 +87,15 @@ class Outcome:
         }
 
 
+@dataclass(frozen=True)
+class StageResult:
+    """What a stage did, the file it wrote, and the input rows it skipped as errors."""
+
+    outcome: Outcome
+    path: Path
+    skipped: int = 0
+
+
 Work = Callable[[Task], Awaitable[dict[str, Any]]]
 
 

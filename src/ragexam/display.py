@@ -1,0 +1,98 @@
+"""What the terminal shows while a stage runs and when it ends: a progress bar, a summary."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
+
+if TYPE_CHECKING:
+    from ragexam.runner import StageResult
+
+err = Console(stderr=True)
+
+
+def say(text: str) -> None:
+    """One plain line on stderr (no markup, no highlighting, never wrapped)."""
+    err.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+class RateColumn(ProgressColumn):
+    """Rows per second, once there is a speed to show."""
+
+    def render(self, task: Task) -> Text:
+        """The current speed."""
+        return Text(f"{task.speed:.1f} rows/s" if task.speed else "- rows/s")
+
+
+class BarProgress:
+    """A rich progress bar on stderr: rows done, errors, rows per second.
+
+    It appears only when the run starts, so a fail-fast error stays one line.
+    """
+
+    def __init__(self, label: str) -> None:
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("[red]{task.fields[errors]} errors"),
+            RateColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+        )
+        self.bar = Progress(*columns, console=err)
+        self.label, self.errors, self.started = label, 0, False
+        self.task = self.bar.add_task(label, errors=0, start=False)
+
+    def start(self, total: int | None, done_before: int) -> None:
+        """Show the bar; rows already done are mentioned, not counted."""
+        note = f"{self.label} ({done_before} already done)" if done_before else self.label
+        self.bar.update(self.task, total=total, description=note)
+        self.bar.start_task(self.task)
+        self.bar.start()
+        self.started = True
+
+    def advance(self, ok: bool) -> None:
+        """One more row."""
+        self.errors += not ok
+        self.bar.update(self.task, advance=1, errors=self.errors)
+
+
+@contextmanager
+def progress_bar(label: str) -> Iterator[BarProgress]:
+    """A bar that lives while one stage runs."""
+    progress = BarProgress(label)
+    try:
+        yield progress
+    finally:
+        if progress.started:  # stopping a bar that never started prints a blank line
+            progress.bar.stop()
+
+
+def summary_line(stage: str, result: StageResult, skipped_note: str | None = None) -> None:
+    """What was done, at what speed and token cost, where it is, and the commonest errors."""
+    outcome = result.outcome
+    rate = (outcome.ok + outcome.errors) / outcome.seconds if outcome.seconds else 0.0
+    say(
+        f"{stage}: {outcome.ok} ok, {outcome.errors} errors this run ({outcome.done_before} "
+        f"done before) in {outcome.seconds:.1f}s, {rate:.1f} rows/s; tokens "
+        f"{outcome.prompt_tokens:,} in + {outcome.completion_tokens:,} out -> {result.path}"
+    )
+    for reason, count in sorted(outcome.reasons.items(), key=lambda item: -item[1])[:3]:
+        say(f"  {count} x {reason}")
+    if skipped_note:
+        say(f"  {skipped_note}")
