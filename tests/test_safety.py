@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import chromadb
@@ -142,3 +147,34 @@ def test_sigkill_midway_then_rerun_loses_nothing_and_repeats_little(
 def _chunk_of(body: dict[str, object]) -> str:
     text = str(body["messages"])
     return f"chunk-{int(text.split('widget ', 1)[1].split(' ', 1)[0]):04d}"
+
+
+def test_ctrl_c_keeps_every_finished_row_and_says_so(env: FakeOpenAI, tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", docs(100))
+    env.latency = 0.05
+    args = ["generate", "--chroma", str(store), "--out", "run", "--concurrency", "2"]
+    output = tmp_path / "run" / "qa_dataset.csv"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ragexam.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (
+        not output.exists() or output.read_bytes().count(b"\n") < 20
+    ):
+        time.sleep(0.02)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 130
+    assert "Interrupted: every finished row is saved" in stderr
+    rows = read_csv(output)
+    assert 19 <= len(rows) < 100 and {row["status"] for row in rows} == {"ok"}
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    record = manifest["stages"]["generate"]
+    assert record["status"] == "interrupted" and record["rows_ok"] == len(rows)
+    assert record["calls"] - len(rows) <= 2  # only the calls in flight were lost
+    env.latency = 0.0
+    assert run_cli(*args).exit_code == 0
+    assert len(read_csv(output)) == 100

@@ -76,7 +76,10 @@ def handled(command: F) -> F:
         except RagexamError as exc:
             say(f"Error: {exc}")
             raise typer.Exit(1) from None
-        except (typer.Exit, KeyboardInterrupt):
+        except KeyboardInterrupt:
+            say("Interrupted: every finished row is saved; rerun the same command to go on.")
+            raise typer.Exit(130) from None
+        except typer.Exit:
             raise
         except Exception as exc:
             if debug_enabled():

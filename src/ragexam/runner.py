@@ -302,11 +302,16 @@ def execute(
         finally:
             await plan.aclose()
 
+    status = "failed"
     try:
         asyncio.run(main())
+        status = "finished"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
     finally:
         figures = {**plan.figures(), **runner.outcome.record()}
-        update_manifest(how.out, stage.name, {**record, **figures, "status": "finished"})
+        update_manifest(how.out, stage.name, {**record, **figures, "status": status})
     return runner.outcome
 
 
