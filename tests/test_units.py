@@ -12,7 +12,8 @@ from langchain_core.messages import AIMessage
 from ragexam.csvfile import RowLog, escape_cell, unescape_cell
 from ragexam.errors import OutputError
 from ragexam.generate import QAPair
-from ragexam.llm import parse_structured, retry_after, tolerant_json
+from ragexam.llm import retry_after
+from ragexam.structured import parse_structured, tolerant_json
 from ragexam.prompts import load_prompt, prompts_dir
 
 

@@ -11,22 +11,21 @@ the next method (json_schema or function_calling, then json_mode, then prompt).
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from functools import cache
 from typing import Any, Generic, TypeVar
 
 import openai
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.runnables import Runnable
 from langchain_openai import ChatOpenAI
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from ragexam.config import Settings, StructuredMethod
 from ragexam.errors import AuthError, LLMError, OutputError
+from ragexam.structured import content_of, parse_structured, reask, with_schema
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
@@ -123,12 +122,12 @@ class LLM:
 
         async def once() -> tuple[M, AIMessage]:
             runnable = self._structured_runnable(schema)
-            raw = await runnable.ainvoke(_with_schema(conversation, schema, self.method))
+            raw = await runnable.ainvoke(with_schema(conversation, schema, self.method))
             assert isinstance(raw, AIMessage)
             try:
                 return parse_structured(raw, schema), raw
             except OutputError as exc:
-                conversation[len(messages) :] = _reask(raw, exc)
+                conversation[len(messages) :] = reask(raw, exc)
                 raise
 
         return await self._retrying(once)
@@ -141,7 +140,7 @@ class LLM:
             assert isinstance(raw, AIMessage)
             if raw.response_metadata.get("finish_reason") == "length":
                 raise OutputError("the reply was cut off (finish_reason=length)")
-            return _content(raw), raw
+            return content_of(raw), raw
 
         return await self._retrying(once)
 
@@ -185,7 +184,7 @@ class LLM:
                 continue
             self._count(tokens, raw)
             latency = time.monotonic() - started
-            return Reply(value, tokens[0], tokens[1], attempt, latency, _content(raw))
+            return Reply(value, tokens[0], tokens[1], attempt, latency, content_of(raw))
         attempts = self.max_retries + 1
         raise LLMError(
             f"{reason} (after {attempts} attempts)",
@@ -258,76 +257,3 @@ def retry_after(exc: BaseException) -> float | None:
             except ValueError:
                 continue  # an HTTP date: rare from LLM servers, fall back to backoff
     return None
-
-
-def parse_structured(raw: AIMessage, schema: type[M]) -> M:
-    """Validate a reply against `schema`, from a tool call or from JSON in the text."""
-    if raw.response_metadata.get("finish_reason") == "length":
-        raise _output_error("the reply was cut off (finish_reason=length)", raw)
-    if raw.tool_calls:
-        candidate: Any = raw.tool_calls[0]["args"]
-    elif raw.invalid_tool_calls:
-        candidate = tolerant_json(raw.invalid_tool_calls[0].get("args") or "", raw)
-    else:
-        candidate = tolerant_json(_content(raw), raw)
-    try:
-        return schema.model_validate(candidate)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'reply'}: {e['msg']}" for e in exc.errors()
-        )
-        raise _output_error(f"the reply failed validation: {problems}", raw) from None
-
-
-def tolerant_json(text: str, raw: AIMessage | None = None) -> Any:
-    """The first JSON object in text, allowing code fences and prose around it."""
-    start = text.find("{")
-    if start < 0:
-        raise _output_error("the reply holds no JSON object", raw)
-    try:
-        value, _ = json.JSONDecoder().raw_decode(text, start)
-    except json.JSONDecodeError as exc:
-        raise _output_error(f"the reply is not valid JSON ({exc.msg})", raw) from None
-    return value
-
-
-def _output_error(reason: str, raw: AIMessage | None) -> OutputError:
-    error = OutputError(reason, raw=_content(raw) if raw is not None else None)
-    error.raw_message = raw  # type: ignore[attr-defined]
-    return error
-
-
-def _content(raw: AIMessage) -> str:
-    content = raw.content
-    if isinstance(content, str):
-        return content
-    return "".join(part if isinstance(part, str) else str(part.get("text", "")) for part in content)
-
-
-def _reask(raw: AIMessage, exc: OutputError) -> list[BaseMessage]:
-    """Messages that show the model its invalid reply and ask again (instructor-style)."""
-    shown = _content(raw) or json.dumps([call["args"] for call in raw.tool_calls])
-    return [
-        AIMessage(content=shown[:4000]),
-        HumanMessage(content=f"That reply was invalid: {exc.reason}. Reply again, correctly."),
-    ]
-
-
-@cache
-def _schema_text(schema: type[BaseModel]) -> str:
-    return json.dumps(schema.model_json_schema(), indent=1)
-
-
-def _with_schema(
-    messages: list[BaseMessage], schema: type[BaseModel], method: StructuredMethod
-) -> list[BaseMessage]:
-    """In json_mode and prompt mode the server does not know the schema: the prompt says it."""
-    if method not in (StructuredMethod.json_mode, StructuredMethod.prompt):
-        return messages
-    spec = _schema_text(schema)
-    note = f"Reply with one JSON object that follows this JSON schema:\n```json\n{spec}\n```"
-    # Appended to the first system message: many chat templates reject a later one.
-    first, rest = messages[0], messages[1:]
-    if isinstance(first, SystemMessage):
-        return [SystemMessage(content=f"{first.content}\n\n{note}"), *rest]
-    return [SystemMessage(content=note), *messages]
