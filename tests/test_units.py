@@ -13,8 +13,8 @@ from ragexam.csvfile import RowLog, escape_cell, unescape_cell
 from ragexam.errors import OutputError
 from ragexam.generate import QAPair
 from ragexam.llm import retry_after
-from ragexam.structured import parse_structured, tolerant_json
 from ragexam.prompts import load_prompt, prompts_dir
+from ragexam.structured import parse_structured, tolerant_json
 
 
 @pytest.mark.parametrize("path", sorted(prompts_dir().glob("*.toml")), ids=lambda p: p.stem)
