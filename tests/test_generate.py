@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -193,3 +194,30 @@ def test_formula_quotes_newlines_and_unicode_survive_the_csv(
     with path.open(newline="", encoding="utf-8") as handle:
         cells = [cell for record in csv.reader(handle) for cell in record]
     assert not [cell for cell in cells if cell[:1] in ("=", "+", "-", "@", "\t", "\r")]
+
+
+def test_a_hung_call_times_out_and_is_retried(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = build_store(tmp_path / "store", docs(6))
+    env.faults = Faults(rate_hang=1.0, hang_seconds=30, max_faults_per_body=1)  # first call hangs
+    monkeypatch.setenv("RAGEXAM_TIMEOUT", "1")
+    started = time.monotonic()
+    result = run_cli("generate", "--chroma", str(store), "--out", "run")
+    assert result.exit_code == 0, result.output
+    assert time.monotonic() - started < 20  # nowhere near the 30 s hang
+    rows = read_csv(tmp_path / "run" / "qa_dataset.csv")
+    assert {row["status"] for row in rows} == {"ok"}
+    assert {row["attempts"] for row in rows} == {"2"}
+    assert [r.fault for r in env.requests].count("hang") == 6
+
+
+def test_a_404_is_not_retried(env: FakeOpenAI, tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", docs(30))
+    env.faults = Faults(status_if=lambda text: 404 if "widget 3 " in text else None)
+    result = run_cli("generate", "--chroma", str(store), "--out", "run")
+    assert result.exit_code == 0, result.output
+    rows = {row["chunk_id"]: row for row in read_csv(tmp_path / "run" / "qa_dataset.csv")}
+    assert rows["chunk-0003"]["status"] == "error"
+    assert rows["chunk-0003"]["attempts"] == "1" and "HTTP 404" in rows["chunk-0003"]["error"]
+    assert env.count() == 30
