@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -178,3 +179,22 @@ def test_ctrl_c_keeps_every_finished_row_and_says_so(env: FakeOpenAI, tmp_path: 
     env.latency = 0.0
     assert run_cli(*args).exit_code == 0
     assert len(read_csv(output)) == 100
+
+
+def _dump_without_chroma_bookkeeping(path: Path) -> list[str]:
+    """The store's SQL, read without Chroma (which would migrate it), less its lock table."""
+    with sqlite3.connect(f"file:{path / 'chroma.sqlite3'}?mode=ro", uri=True) as db:
+        return [line for line in db.iterdump() if "acquire_write" not in line]
+
+
+def test_an_older_store_is_refused_not_migrated(env: FakeOpenAI, tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", docs(5))
+    with sqlite3.connect(store / "chroma.sqlite3") as db:  # look like an older Chroma's store
+        newest = db.execute("SELECT max(version) FROM migrations WHERE dir = 'sysdb'").fetchone()
+        db.execute("DELETE FROM migrations WHERE dir = 'sysdb' AND version = ?", newest)
+    before = _dump_without_chroma_bookkeeping(store)
+    result = run_cli("generate", "--chroma", str(store), "--out", "run")
+    assert result.exit_code == 1
+    assert "older Chroma" in one_line(result.output) and "copy" in result.output
+    assert _dump_without_chroma_bookkeeping(store) == before  # no migration, no record changed
+    assert env.count() == 0
