@@ -15,18 +15,20 @@ from ir_measures import AP, RR, R, Success, nDCG
 from ragexam.metrics import (
     RetrievalScores,
     average_precision,
-    bootstrap_ci,
-    compare_paired,
     f1,
     hit,
     ndcg,
-    paired_bootstrap_ci,
     precision,
-    randomization_test,
     recall,
     reciprocal_rank,
     score_rank,
     score_ranking,
+)
+from ragexam.resampling import (
+    bootstrap_ci,
+    compare_paired,
+    paired_bootstrap_ci,
+    randomization_test,
 )
 
 ZERO = RetrievalScores(hit=0.0, rr=0.0, ap=0.0, ndcg=0.0, precision=0.0, recall=0.0, f1=0.0)

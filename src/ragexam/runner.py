@@ -8,17 +8,15 @@ its reason; only AuthError (the key is refused) stops the run, after a few rows 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from ragexam import __version__
 from ragexam.csvfile import RowLog, read_rows
 from ragexam.errors import AuthError, LLMError, OutputFileError, RagexamError, TooManyErrors
+from ragexam.manifest import update_manifest
 
 # Columns the runner fills for every stage, after the stage's own.
 RUN_COLUMNS = (
@@ -330,31 +328,3 @@ def check_error_rate(path: Path, limit: float) -> None:
     errors = sum(status != "ok" for status in statuses)
     if statuses and errors / len(statuses) > limit:
         raise TooManyErrors(errors, len(statuses), limit, path)
-
-
-def update_manifest(out: Path, stage: str, record: Mapping[str, Any]) -> Path:
-    """Merge one stage's record into `manifest.json` of the run folder, atomically."""
-    path = out / "manifest.json"
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-    except (OSError, json.JSONDecodeError):
-        manifest = {}  # a torn manifest is rebuilt; the CSVs are the record of results
-    manifest["ragexam_version"] = __version__
-    manifest.setdefault("stages", {})[stage] = {
-        **record,
-        "updated": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
-    temporary = path.with_name("manifest.json.tmp")
-    temporary.write_text(json.dumps(manifest, indent=2, default=str) + "\n", encoding="utf-8")
-    temporary.replace(path)
-    return path
-
-
-def read_manifest(out: Path) -> dict[str, Any]:
-    """The run folder's manifest, or an empty one."""
-    path = out / "manifest.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}

@@ -1,0 +1,179 @@
+"""Benchmark `ragexam stats` on a synthetic run against `pandas.read_csv` of the same files.
+
+    uv run python bench/bench_stats.py [--rows 1000000] [--documents 5000] [--repeat 2]
+                                       [--folder DIR]
+
+It writes the three CSVs with every column ragexam writes (realistic text lengths, judge scores
+on a 0.1 grid, ranks 1..5 or a miss, about 1% error rows in each stage, rows in completion
+order), or reuses those in --folder. Then, in the same run, it times `pandas.read_csv` of the
+three files (all columns, defaults) and `run_stats` (both summaries and report.html), each in a
+fresh child process so that each peak of resident memory is its own, and prints the best time
+of each, their ratio (target: at most 2.0) and the peak memory each adds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ragexam.stats import StatsOptions, run_stats
+
+FILES = ("qa_dataset.csv", "answers.csv", "judgments.csv")
+ERROR_SHARE = 0.01
+
+
+def _ids(rng: np.random.Generator, rows: int) -> pd.Series:
+    """Random-looking qa ids of 16 hex digits, as generate's hashes are (not sorted)."""
+    return pd.Series([f"{value:016x}" for value in rng.integers(0, 2**63, rows).tolist()])
+
+
+def _status(rng: np.random.Generator, rows: int) -> np.ndarray:
+    return np.where(rng.random(rows) < ERROR_SHARE, "error", "ok")
+
+
+def _runner_columns(frame: pd.DataFrame, rng: np.random.Generator, model: str) -> None:
+    """The columns the runner adds to every stage, errors with a reason and empty values."""
+    rows = len(frame)
+    error = frame["status"] == "error"
+    frame["error"] = np.where(error, "LLMError: 500 Internal Server Error after 3 attempts", "")
+    frame["model"] = model
+    frame["prompt_hash"] = "3f2a9c1b7d4e"
+    frame["prompt_tokens"] = rng.integers(200, 900, rows)
+    frame["completion_tokens"] = rng.integers(20, 200, rows)
+    frame["attempts"] = 1
+    frame["latency_s"] = rng.random(rows).round(3)
+    frame["raw_reply"] = ""
+
+
+def _qa(ids: pd.Series, rng: np.random.Generator, documents: int) -> pd.DataFrame:
+    rows = len(ids)
+    weight = rng.lognormal(0, 1, documents)  # a few long documents, many short ones
+    doc = rng.choice(documents, rows, p=weight / weight.sum())
+    names = np.array([f"docs/manual_{d:05d}.pdf" for d in range(documents)], dtype=object)
+    frame = pd.DataFrame({"qa_id": ids, "chunk_id": "chunk-" + ids, "document": names[doc]})
+    frame["question"] = "What does section " + ids.str[:6] + " say about the warranty period?"
+    frame["ground_truth_answer"] = (
+        "The warranty lasts two years from delivery and covers parts and labour, "
+        "except for wear items listed in section " + ids.str[:4] + "."
+    )
+    frame["truncated"] = "false"
+    frame["chunk_chars"] = rng.integers(300, 2000, rows)
+    frame["status"] = _status(rng, rows)
+    _runner_columns(frame, rng, "gpt-4o-mini")
+    blank = frame["status"] == "error"
+    frame.loc[blank, ["question", "ground_truth_answer"]] = ""
+    return frame
+
+
+def _answers(ids: pd.Series, rng: np.random.Generator, k: int) -> pd.DataFrame:
+    rows = len(ids)
+    rank = rng.choice(np.arange(0, k + 1), size=rows, p=[0.2, 0.4, 0.15, 0.1, 0.08, 0.07])
+    frame = pd.DataFrame({"qa_id": ids})
+    frame["answer"] = (
+        "According to the manual, the warranty period is two years from delivery; it covers "
+        "parts and labour. Wear items are excluded (see section " + ids.str[:4] + ")."
+    )
+    frame["retrieved_ids"] = '["chunk-' + ids + '", "chunk-a1", "chunk-b2", "chunk-c3", "chunk-d4"]'
+    frame["target_rank"] = pd.Series(rank).astype("Int64").where(rank > 0)
+    frame["k"], frame["rag"] = k, "builtin"
+    frame["status"] = _status(rng, rows)
+    _runner_columns(frame, rng, "gpt-4o-mini")
+    blank = frame["status"] == "error"
+    frame.loc[blank, ["answer", "retrieved_ids"]] = ""
+    frame.loc[blank, "target_rank"] = pd.NA
+    return frame
+
+
+def _judgments(ids: pd.Series, rng: np.random.Generator) -> pd.DataFrame:
+    rows = len(ids)
+    frame = pd.DataFrame({"qa_id": ids})
+    frame["completeness"] = np.clip(rng.beta(5, 2, rows), 0, 1).round(1)
+    frame["conciseness"] = np.clip(rng.beta(4, 2, rows), 0, 1).round(1)
+    frame["status"] = _status(rng, rows)
+    _runner_columns(frame, rng, "gpt-4o")
+    blank = frame["status"] == "error"
+    frame.loc[blank, ["completeness", "conciseness"]] = np.nan
+    return frame
+
+
+def write_run(folder: Path, rows: int, documents: int, seed: int = 0, k: int = 5) -> None:
+    """The three CSVs of a synthetic run, with the columns and text sizes ragexam writes."""
+    rng = np.random.default_rng(seed)
+    ids = _ids(rng, rows)
+    folder.mkdir(parents=True, exist_ok=True)
+    _qa(ids, rng, documents).to_csv(folder / FILES[0], index=False)
+    order = rng.permutation(rows)  # rows land in completion order, not question order
+    _answers(ids, rng, k).iloc[order].to_csv(folder / FILES[1], index=False)
+    _judgments(ids, rng).iloc[rng.permutation(rows)].to_csv(folder / FILES[2], index=False)
+
+
+def _maxrss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def read_all(folder: Path) -> None:
+    """What the ratio is measured against: read_csv of the three files, all columns."""
+    frames = [pd.read_csv(folder / name) for name in FILES]
+    del frames
+
+
+def measure(action: str, folder: Path) -> None:
+    """In a fresh process: seconds taken and peak resident memory added, as JSON."""
+    work: Callable[[], object] = (
+        (lambda: run_stats(StatsOptions(folder))) if action == "stats" else lambda: read_all(folder)
+    )
+    before = _maxrss_mb()
+    start = time.perf_counter()
+    work()
+    print(json.dumps({"seconds": time.perf_counter() - start, "mb": _maxrss_mb() - before}))
+
+
+def timed(action: str, folder: Path) -> tuple[float, float]:
+    """Run `measure` in a child, so that each peak is its own (ru_maxrss never falls)."""
+    command = [sys.executable, __file__, "--measure", action, "--folder", str(folder)]
+    figures = json.loads(subprocess.run(command, check=True, capture_output=True).stdout)
+    print(
+        f"{action:<10} {figures['seconds']:7.2f} s   peak RSS +{figures['mb']:6.0f} MB", flush=True
+    )
+    return float(figures["seconds"]), float(figures["mb"])
+
+
+def main() -> None:
+    """Generate, time read_csv and stats, print the ratio and memory."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--documents", type=int, default=5000)
+    parser.add_argument("--repeat", type=int, default=2, help="take the best of this many")
+    parser.add_argument("--folder", type=Path, help="reuse (or keep) the CSVs here")
+    parser.add_argument("--measure", choices=["stats", "read_csv"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure:
+        return measure(args.measure, args.folder)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.folder or Path(tmp) / "run"
+        if not (folder / FILES[0]).exists():
+            write_run(folder, args.rows, args.documents)
+        rows = sum(1 for _ in (folder / FILES[0]).open("rb")) - 1
+        size = sum((folder / name).stat().st_size for name in FILES) / 2**20
+        print(f"{rows:,} questions, three CSVs of {size:,.0f} MB", flush=True)
+        runs = [(timed("read_csv", folder), timed("stats", folder)) for _ in range(args.repeat)]
+        read, stats = min(run[0] for run in runs), min(run[1] for run in runs)
+        print(
+            f"stats / read_csv = {stats[0] / read[0]:.2f} (target <= 2.0); stats peak RSS "
+            f"+{stats[1]:.0f} MB ({stats[1] * 2**20 / rows:,.0f} bytes per question), "
+            f"read_csv +{read[1]:.0f} MB"
+        )
+
+
+if __name__ == "__main__":
+    main()

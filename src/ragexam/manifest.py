@@ -1,0 +1,39 @@
+"""The run folder's manifest.json: what every stage's results depend on, and its figures."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ragexam import __version__
+
+
+def update_manifest(out: Path, stage: str, record: Mapping[str, Any]) -> Path:
+    """Merge one stage's record into `manifest.json` of the run folder, atomically."""
+    path = out / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    except (OSError, json.JSONDecodeError):
+        manifest = {}  # a torn manifest is rebuilt; the CSVs are the record of results
+    manifest["ragexam_version"] = __version__
+    manifest.setdefault("stages", {})[stage] = {
+        **record,
+        "updated": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    temporary = path.with_name("manifest.json.tmp")
+    temporary.write_text(json.dumps(manifest, indent=2, default=str) + "\n", encoding="utf-8")
+    temporary.replace(path)
+    return path
+
+
+def read_manifest(out: Path) -> dict[str, Any]:
+    """The run folder's manifest, or an empty one."""
+    path = out / "manifest.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -1,0 +1,311 @@
+"""Seeded resampling statistics over scores: bootstrap CIs and paired randomisation tests."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+Values = Sequence[float] | FloatArray
+
+RESAMPLES = 2000
+LEVELS = 101  # at most this many distinct values per group in the per-document bootstrap
+BLOCK = 64  # pairs per matrix product: 1 MB of draws at 2000 resamples, so it stays in cache
+
+# -- resampling statistics ------------------------------------------------------------------------
+# A mean's bootstrap (and a sign-flip test) depends only on the distinct values and their counts,
+# so resampling draws counts per distinct value: O(resamples x distinct), never O(resamples x n).
+
+# Up to this many distinct values the resampling is exact.
+MAX_SUPPORT = 256
+# Above it, values are merged into groups: a new group starts whenever either the value's
+# equal-width bin or its equal-count bin changes (at most 2 * GROUPS - 1 groups), and each value
+# is replaced by its group's mean. The sample mean is unchanged, each value moves by at most
+# (max - min) / GROUPS, and dense regions and outliers both keep narrow groups.
+GROUPS = 128
+
+
+def _finite(values: Values, name: str = "values") -> FloatArray:
+    """The values as a 1-D float array, refusing NaN and infinities."""
+    array = np.asarray(values, dtype=np.float64).ravel()
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{name} contain NaN or infinite values")
+    return array
+
+
+def _merge(support: FloatArray, counts: npt.NDArray[np.int64]) -> tuple[FloatArray, FloatArray]:
+    """Merge sorted distinct values into at most 2 * GROUPS - 1 groups, kept at their means."""
+    span = support[-1] - support[0]
+    by_width = np.minimum(((support - support[0]) / span * GROUPS).astype(np.int64), GROUPS - 1)
+    before = np.cumsum(counts) - counts
+    by_count = before * GROUPS // int(counts.sum())
+    starts = np.ones(support.size, dtype=bool)
+    starts[1:] = (np.diff(by_width) != 0) | (np.diff(by_count) != 0)
+    group = np.cumsum(starts) - 1
+    weights = np.bincount(group, weights=counts.astype(np.float64)).astype(np.float64)
+    sums = np.bincount(group, weights=support * counts).astype(np.float64)
+    return sums / weights, weights
+
+
+def _support(values: FloatArray) -> tuple[FloatArray, npt.NDArray[np.int64]]:
+    """Distinct values and their counts, merged into groups when there are too many."""
+    support, counts = np.unique(values, return_counts=True)
+    if support.size <= MAX_SUPPORT:
+        return support, counts.astype(np.int64)
+    merged, weights = _merge(support, counts.astype(np.int64))
+    return merged, np.rint(weights).astype(np.int64)
+
+
+def _check(resamples: int, level: float = 0.95) -> None:
+    """Refuse a resample count below 1 or a confidence level outside (0, 1)."""
+    if resamples < 1:
+        raise ValueError(f"resamples must be at least 1, got {resamples}")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be strictly between 0 and 1, got {level}")
+
+
+def bootstrap_ci(
+    values: Values, *, seed: int = 0, resamples: int = 2000, level: float = 0.95
+) -> tuple[float, float]:
+    """Percentile bootstrap confidence interval of the mean; (nan, nan) when there are no values.
+
+    Resamples are drawn as multinomial counts over the distinct values (an exact bootstrap of
+    the mean); above MAX_SUPPORT distinct values they are first merged into groups (see GROUPS).
+    """
+    _check(resamples, level)
+    array = _finite(values)
+    if array.size == 0:
+        return math.nan, math.nan
+    support, counts = _support(array)
+    if support.size == 1:
+        return float(support[0]), float(support[0])
+    n = int(counts.sum())
+    draws = np.random.default_rng(seed).multinomial(n, counts / n, size=resamples)
+    means = draws @ support / n
+    tail = (1.0 - level) / 2
+    low, high = np.quantile(means, [tail, 1.0 - tail])
+    return float(low), float(high)
+
+
+def _differences(a: Values, b: Values) -> FloatArray:
+    """The paired differences b - a, refusing inputs of different lengths."""
+    left, right = _finite(a, "a"), _finite(b, "b")
+    if left.size != right.size:
+        raise ValueError(f"paired inputs differ in length: {left.size} and {right.size}")
+    return right - left
+
+
+def paired_bootstrap_ci(
+    a: Values,
+    b: Values,
+    *,
+    seed: int = 0,
+    resamples: int = 2000,
+    level: float = 0.95,
+) -> tuple[float, float]:
+    """Percentile bootstrap confidence interval of mean(b - a), resampling pairs."""
+    return bootstrap_ci(_differences(a, b), seed=seed, resamples=resamples, level=level)
+
+
+# Up to this many nonzero differences every sign pattern is enumerated (2^20 sums, 8 MB).
+EXACT_FLIPS = 20
+
+
+def _all_sign_sums(magnitudes: FloatArray) -> FloatArray:
+    """The sums of +-m over all 2^len(magnitudes) sign patterns."""
+    sums = np.zeros(1)
+    for magnitude in magnitudes:
+        sums = np.concatenate([sums + magnitude, sums - magnitude])
+    return sums
+
+
+def _random_sign_sums(magnitudes: FloatArray, seed: int, resamples: int) -> FloatArray:
+    """Sums of +-m under random signs: per distinct |d| = u of count c, u * (2 Bin(c, 1/2) - c)."""
+    support, counts = _support(magnitudes)
+    # One row per distinct value: numpy reuses a binomial's setup while its count stays the same.
+    column = counts[:, np.newaxis]
+    positive = np.random.default_rng(seed).binomial(column, 0.5, size=(support.size, resamples))
+    return support @ (2 * positive - column)
+
+
+def randomization_test(
+    a: Values,
+    b: Values,
+    *,
+    seed: int = 0,
+    resamples: int = 10000,
+) -> float:
+    """Two-sided paired sign-flip randomisation test of mean(b - a) = 0; returns the p-value.
+
+    Exact over all 2^m sign patterns when m <= EXACT_FLIPS differences are nonzero, else
+    p = (1 + #{|T*| >= |T|}) / (resamples + 1). No nonzero difference (including no pairs at
+    all) gives p = 1.0: there is no evidence of any difference.
+    """
+    _check(resamples)
+    differences = _differences(a, b)
+    magnitudes = np.abs(differences[differences != 0])
+    if magnitudes.size == 0:
+        return 1.0
+    observed = abs(float(differences.sum()))
+    # Sums of the same terms in another order differ by rounding; they must still count as ties.
+    tolerance = 1e-12 * max(1.0, float(magnitudes.max())) * differences.size
+    if magnitudes.size <= EXACT_FLIPS:
+        sums = _all_sign_sums(magnitudes)
+        return float(np.count_nonzero(np.abs(sums) >= observed - tolerance) / sums.size)
+    sums = _random_sign_sums(magnitudes, seed, resamples)
+    return float((1 + np.count_nonzero(np.abs(sums) >= observed - tolerance)) / (resamples + 1))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Paired comparison of run B against run A over the same items."""
+
+    mean_a: float
+    mean_b: float
+    diff: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+    improved: int
+    worse: int
+    same: int
+    n: int
+
+
+def compare_paired(a: Values, b: Values, *, seed: int = 0) -> Comparison:
+    """Means, mean(b - a) with its paired bootstrap CI, randomisation p-value and win counts."""
+    differences = _differences(a, b)
+    low, high = paired_bootstrap_ci(a, b, seed=seed)
+    empty = differences.size == 0
+    return Comparison(
+        mean_a=math.nan if empty else float(np.mean(np.asarray(a, dtype=np.float64))),
+        mean_b=math.nan if empty else float(np.mean(np.asarray(b, dtype=np.float64))),
+        diff=math.nan if empty else float(differences.mean()),
+        ci_low=low,
+        ci_high=high,
+        p_value=randomization_test(a, b, seed=seed),
+        improved=int(np.count_nonzero(differences > 0)),
+        worse=int(np.count_nonzero(differences < 0)),
+        same=int(np.count_nonzero(differences == 0)),
+        n=int(differences.size),
+    )
+
+
+# -- per-group bootstrap, for many documents at once ---------------------------------------------
+
+
+def _pairs(groups: IntArray, values: FloatArray) -> tuple[IntArray, FloatArray, IntArray]:
+    """Distinct (group, value) pairs sorted by group, with their mean value and their count.
+
+    Above LEVELS distinct values, values are binned first (equal width); a pair keeps the mean
+    of its own rows, so every group's mean is unchanged and a value moves by less than a bin.
+    """
+    support, level = np.unique(values, return_inverse=True)
+    levels = support.size
+    if levels > LEVELS:
+        scaled = (values - support[0]) / (support[-1] - support[0]) * LEVELS
+        level, levels = np.minimum(scaled.astype(np.int64), LEVELS - 1), LEVELS
+    keys, inverse, counts = np.unique(
+        groups * levels + level, return_inverse=True, return_counts=True
+    )
+    return keys // levels, np.bincount(inverse, values) / counts, counts
+
+
+def grouped_bootstrap_ci(
+    groups: IntArray,
+    values: FloatArray,
+    n_groups: int,
+    *,
+    seed: int = 0,
+    resamples: int = RESAMPLES,
+    level: float = 0.95,
+) -> tuple[FloatArray, FloatArray]:
+    """Percentile bootstrap CI of the mean of every group at once; (nan, nan) when empty.
+
+    A Poisson bootstrap (Hanley & MacGibbon 2006): a resample gives each distinct
+    (group, value) pair a count drawn from Poisson(its count), and the group's resampled mean
+    is sum(value * count) / sum(count); resamples that draw nothing are left out. The cost is
+    O(pairs x resamples), never O(rows x resamples). Pairs of different groups with the same
+    count and the same position in their group share draws: each group's own resamples stay
+    independent, and only a few thousand rows of Poisson draws are made.
+    """
+    low, high = np.full(n_groups, np.nan), np.full(n_groups, np.nan)
+    if values.size == 0:
+        return low, high
+    pair_group, pair_value, count = _pairs(groups, values)
+    sizes = np.bincount(pair_group, minlength=n_groups)
+    single = sizes[pair_group] == 1  # one distinct value: every resample has that mean
+    low[pair_group[single]] = high[pair_group[single]] = pair_value[single]
+    many = ~single
+    if many.any():
+        tail = (1 - level) / 2
+        resampled, bounds = _resample(
+            pair_group[many], pair_value[many], count[many], seed, resamples, (tail, 1 - tail)
+        )
+        low[resampled], high[resampled] = bounds
+    return low, high
+
+
+def _resample(
+    pair_group: IntArray,
+    pair_value: FloatArray,
+    count: IntArray,
+    seed: int,
+    resamples: int,
+    quantiles: tuple[float, float],
+) -> tuple[IntArray, tuple[FloatArray, FloatArray]]:
+    """The groups of these pairs and the quantiles of their Poisson-resampled means."""
+    starts = np.flatnonzero(np.r_[True, pair_group[1:] != pair_group[:-1]])
+    bounds = np.r_[starts, pair_group.size]
+    slot = np.arange(pair_group.size) - np.repeat(starts, np.diff(bounds))
+    width = int(slot.max()) + 1
+    keys, pool_row = np.unique(count * width + slot, return_inverse=True)
+    rng = np.random.default_rng(seed)
+    pool = rng.poisson((keys // width)[:, None], (keys.size, resamples)).astype(np.float64)
+    group_of = np.repeat(np.arange(starts.size), np.diff(bounds))  # 0, 0, 1, 1, 1, 2, ...
+    low, high = [], []
+    for first, last in _blocks(bounds, BLOCK):
+        rows, groups = slice(bounds[first], bounds[last]), last - first
+        # One matrix product gives each group's draw totals and weighted sums: BLAS is faster
+        # than summing runs of rows, even with the zeros of the block's other groups.
+        weights = np.zeros((2 * groups, bounds[last] - bounds[first]))
+        columns = np.arange(weights.shape[1])
+        weights[group_of[rows] - first, columns] = 1.0
+        weights[groups + group_of[rows] - first, columns] = pair_value[rows]
+        sums = weights @ pool[pool_row[rows]]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            block_low, block_high = _row_quantiles(sums[groups:] / sums[:groups], quantiles)
+        low.append(block_low)
+        high.append(block_high)
+    return pair_group[starts], (np.concatenate(low), np.concatenate(high))
+
+
+def _blocks(bounds: IntArray, size: int) -> Iterator[tuple[int, int]]:
+    """Runs of whole groups, first..last-1, of at most `size` pairs (or a single group)."""
+    first, groups = 0, bounds.size - 1
+    while first < groups:
+        fits = int(np.searchsorted(bounds, bounds[first] + size, side="right")) - 1
+        last = min(max(first + 1, fits), groups)
+        yield first, last
+        first = last
+
+
+def _row_quantiles(
+    means: FloatArray, quantiles: tuple[float, float]
+) -> tuple[FloatArray, FloatArray]:
+    """Each row's quantiles, leaving out NaN, by numpy's default linear interpolation."""
+    ordered = np.sort(means, axis=1)  # NaN sorts last
+    top = np.maximum((~np.isnan(ordered)).sum(axis=1) - 1, 0)
+    rows = np.arange(ordered.shape[0])
+    found = []
+    for quantile in quantiles:
+        position = top * quantile
+        below = np.floor(position).astype(np.int64)
+        lower, upper = ordered[rows, below], ordered[rows, np.minimum(below + 1, top)]
+        found.append(lower + (position - below) * (upper - lower))
+    return found[0], found[1]

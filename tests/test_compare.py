@@ -1,0 +1,140 @@
+"""`ragexam compare` on crafted runs: known differences, exact p-values, manifest warnings."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from ragexam.csvfile import read_rows
+
+QA_HEADER = ["qa_id", "chunk_id", "document", "question", "ground_truth_answer", "status", "error"]
+ANSWER_HEADER = ["qa_id", "answer", "retrieved_ids", "target_rank", "status", "error"]
+JUDGE_HEADER = ["qa_id", "completeness", "conciseness", "status", "error"]
+# Twelve questions in each of two documents; completeness 0, 0.25 or 0.5 in run A.
+IDS = [f"{doc}{i}" for doc in "ab" for i in range(12)]
+BASE = {qa_id: (i % 3) * 0.25 for i, qa_id in enumerate(IDS)}
+
+
+def write_csv(path: Path, header: list[str], rows: list[list[object]]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        writer.writerows(rows)
+
+
+def write_run(folder: Path, completeness: dict[str, float | None], extra: str = "") -> Path:
+    """A run with the contract's columns; a None score is a judge error row."""
+    folder.mkdir()
+    ids = [*IDS, extra] if extra else IDS
+    qa = [[qa_id, f"c-{qa_id}", f"doc {qa_id[0].upper()}", "q", "t", "ok", ""] for qa_id in ids]
+    write_csv(folder / "qa_dataset.csv", QA_HEADER, qa)
+    ranks = [[qa_id, "x", "[]", [1, 2, ""][len(qa_id) % 3], "ok", ""] for qa_id in ids]
+    write_csv(folder / "answers.csv", ANSWER_HEADER, ranks)
+    judged = [
+        [qa_id, "", "", "error", "bad JSON"] if score is None else [qa_id, score, 0.5, "ok", ""]
+        for qa_id, score in completeness.items()
+    ]
+    write_csv(folder / "judgments.csv", JUDGE_HEADER, judged)
+    return folder
+
+
+def rows(path: Path) -> dict[tuple[str, str], dict[str, str]]:
+    return {(row["document"], row["metric"]): row for row in read_rows(path, ["metric"])}
+
+
+def figures(row: dict[str, str]) -> list[float]:
+    names = ("mean_a", "mean_b", "diff", "ci_low", "ci_high", "p_value")
+    return [float(row[name]) for name in names]
+
+
+def counts(row: dict[str, str]) -> list[int]:
+    return [int(row[name]) for name in ("improved", "worse", "same", "n")]
+
+
+def test_a_document_that_improved_by_a_known_amount(tmp_path: Path) -> None:
+    a = write_run(tmp_path / "a", BASE, extra="a-only")
+    better = {qa_id: score + 0.5 if qa_id[0] == "a" else score for qa_id, score in BASE.items()}
+    b = write_run(tmp_path / "b", better | {"b11": None})  # b11's judgment failed in run B
+    result = run_cli("compare", str(a), str(b))
+    assert result.exit_code == 0, result.output
+    table = rows(b / "comparison.csv")
+    mean_a = sum(BASE[f"a{i}"] for i in range(12)) / 12  # 0.25
+    # every question of doc A gained exactly 0.5: the CI is that point, and all 2^12 sign
+    # patterns but the two extremes give a smaller |sum|, so p = 2 / 4096
+    assert figures(table["doc A", "completeness"]) == [
+        mean_a,
+        mean_a + 0.5,
+        0.5,
+        0.5,
+        0.5,
+        2 / 4096,
+    ]
+    assert counts(table["doc A", "completeness"]) == [12, 0, 0, 12]
+    assert figures(table["doc B", "completeness"])[2:] == [0, 0, 0, 1]
+    assert counts(table["doc B", "completeness"]) == [0, 0, 11, 11]  # b11 pairs in neither
+    overall = figures(table["ALL", "completeness"])
+    assert overall[2] == pytest.approx(12 * 0.5 / 23) and overall[5] == 2 / 4096
+    assert overall[3] < overall[2] < overall[4]
+    assert counts(table["ALL", "completeness"]) == [12, 0, 11, 23]
+    for metric in ("conciseness", "hit", "rr", "ndcg"):
+        assert figures(table["ALL", metric])[2:] == [0, 0, 0, 1]
+    assert "questions in only one of the runs are left out: 1" in result.stderr
+    assert f"comparison: {b / 'comparison.csv'}" in result.stderr
+
+
+def test_identical_runs_differ_by_nothing(tmp_path: Path) -> None:
+    a = write_run(tmp_path / "a", BASE)
+    b = tmp_path / "b"
+    shutil.copytree(a, b)
+    out = tmp_path / "out"
+    result = run_cli("compare", str(a), str(b), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    table = rows(out / "comparison.csv")
+    assert {document for document, _ in table} == {"ALL", "doc A", "doc B"}
+    for row in table.values():
+        assert figures(row)[2:] == [0, 0, 0, 1]
+        assert row["improved"] == row["worse"] == "0" and row["same"] == row["n"]
+    assert "no manifest.json in" in result.stderr
+
+
+def manifest(folder: Path, model: str, prompt: str, collection: str) -> None:
+    stages = {
+        "generate": {"model": model, "prompt": {"generate": prompt}, "collection": collection},
+        "answer": {"model": "m", "k": 5},
+        "judge": {"model": "judge-1", "prompt": {"judge": "j1"}},
+    }
+    (folder / "manifest.json").write_text(json.dumps({"stages": stages}))
+
+
+def test_warns_when_the_exams_differ(tmp_path: Path) -> None:
+    a, b = write_run(tmp_path / "a", BASE), write_run(tmp_path / "b", BASE)
+    manifest(a, "gpt-4o-mini", "abc", "handbook")
+    manifest(b, "gpt-4o", "def", "handbook-v2")
+    result = run_cli("compare", str(a), str(b))
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("Warning: ")]
+    assert warnings == [
+        "Warning: the runs differ in generate model: 'gpt-4o-mini' (A) and 'gpt-4o' (B)",
+        "Warning: the runs differ in generate prompt hash: {'generate': 'abc'} (A) and "
+        "{'generate': 'def'} (B)",
+        "Warning: the runs differ in generate collection: 'handbook' (A) and 'handbook-v2' (B)",
+    ]
+    manifest(b, "gpt-4o-mini", "abc", "handbook")
+    assert "Warning" not in run_cli("compare", str(a), str(b)).stderr
+
+
+def test_runs_of_different_exams_are_refused(tmp_path: Path) -> None:
+    a = write_run(tmp_path / "a", BASE)
+    b = tmp_path / "b"
+    shutil.copytree(a, b)
+    for name in ("qa_dataset.csv", "answers.csv", "judgments.csv"):
+        path = b / name
+        path.write_text(path.read_text().replace("\na", "\nz").replace("\nb", "\ny"))
+    result = run_cli("compare", str(a), str(b))
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: ") and "shares no qa_id with" in result.stderr

@@ -1,0 +1,261 @@
+"""The stats stage on crafted runs: every figure is derived by hand in the test."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_cli
+
+from ragexam.csvfile import read_rows
+from ragexam.resampling import grouped_bootstrap_ci
+
+QA_HEADER = ["qa_id", "chunk_id", "document", "question", "ground_truth_answer", "status", "error"]
+ANSWER_HEADER = ["qa_id", "answer", "retrieved_ids", "target_rank", "status", "error"]
+JUDGE_HEADER = ["qa_id", "completeness", "conciseness", "status", "error"]
+
+# qa_id -> document; "'=C" is how ragexam escapes the document name "=C" in a CSV.
+DOCUMENTS = {
+    **{f"a{i}": "A" for i in range(1, 7)},
+    **{f"b{i}": "B" for i in range(1, 4)},
+    "c1": "'=C",
+    "d1": "D",
+    "d2": "D",
+    "e1": "E",
+    "f1": "F",
+}
+# qa_id -> target_rank ("" is a miss, None an error row); b1 failed in qa, b3 was not answered.
+RANKS = {"a1": 1, "a2": 2, "a3": "", "a4": None, "a5": 3, "a6": 1, "b2": 7, "c1": 1}
+RANKS |= {"d1": "", "d2": 2, "e1": 1, "f1": 1}
+# qa_id -> (completeness, conciseness), None for an error row; zz is in no qa_dataset.
+SCORES = {"a1": (1.0, 0.8), "a2": (0.5, 0.6), "a3": (0.0, 1.0), "a5": None, "b2": (0.9, 0.2)}
+SCORES |= {"c1": (0.2, 0.4), "d1": (0.1, 0.9), "d2": (0.3, 0.9), "e1": (1.0, 1.0)}
+SCORES |= {"zz": (0.0, 0.0)}
+
+
+def write_csv(path: Path, header: list[str], rows: list[list[object]]) -> None:
+    """A hand-written CSV: the contract's columns only."""
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        writer.writerows(rows)
+
+
+def crafted_run(folder: Path) -> Path:
+    """Six documents with known ranks, scores, error rows in every stage and pending rows."""
+    folder.mkdir(parents=True, exist_ok=True)
+    qa = [
+        [qa_id, f"chunk-{qa_id}", doc, f"Q {qa_id}?", f"T {qa_id}", "ok", ""]
+        for qa_id, doc in DOCUMENTS.items()
+    ]
+    qa[6] = ["b1", "chunk-b1", "B", "", "", "error", "LLMError: 500"]
+    write_csv(folder / "qa_dataset.csv", QA_HEADER, qa)
+    answers = [
+        [qa_id, "", "", "", "error", "timeout"]
+        if rank is None
+        else [qa_id, f"A {qa_id}", json.dumps([f"chunk-{qa_id}"]), rank, "ok", ""]
+        for qa_id, rank in RANKS.items()
+    ]
+    write_csv(folder / "answers.csv", ANSWER_HEADER, answers[::-1])  # joined by id, not order
+    judgments = [
+        [qa_id, "", "", "error", "invalid JSON"] if scores is None else [qa_id, *scores, "ok", ""]
+        for qa_id, scores in SCORES.items()
+    ]
+    write_csv(folder / "judgments.csv", JUDGE_HEADER, judgments)
+    return folder
+
+
+def summaries(folder: Path) -> tuple[dict[str, dict[str, str]], dict[str, str], list[str]]:
+    """summary_by_document.csv by document, the summary.csv row, and the document order."""
+    by_document = read_rows(folder / "summary_by_document.csv", ["document"])
+    (overall,) = read_rows(folder / "summary.csv", ["document"])
+    return (
+        {row["document"]: row for row in by_document},
+        overall,
+        [row["document"] for row in by_document],
+    )
+
+
+def numbers(row: dict[str, str], *names: str) -> list[float]:
+    return [float(row[name]) if row[name] else math.nan for name in names]
+
+
+def test_every_figure_matches_the_hand_derived_value(tmp_path: Path) -> None:
+    run = crafted_run(tmp_path / "run")
+    result = run_cli("stats", "--out", str(run))
+    assert result.exit_code == 0, result.output
+    docs, overall, order = summaries(run)
+    # completeness ascending, NaN last; D and C tie at 0.2 and the lower hit rate comes first
+    assert order == ["D", "=C", "A", "B", "E", "F"]
+    counts = ("questions", "errors", "pending", "n_answered", "n_judged", "missed")
+    ranks = ("rank_1", "rank_2", "rank_3", "rank_4", "rank_5")
+    # A: ranks 1, 2, miss, 3, 1 (a4's answer failed, a5's judgment failed, a6 is not judged)
+    assert numbers(docs["A"], *counts, *ranks) == [6, 2, 1, 5, 3, 1, 2, 1, 1, 0, 0]
+    a = numbers(docs["A"], "completeness_mean", "conciseness_mean", "hit_rate", "mrr", "map")
+    assert a == pytest.approx([1.5 / 3, 2.4 / 3, 4 / 5, (1 + 1 / 2 + 0 + 1 / 3 + 1) / 5, 17 / 30])
+    ndcg = (1 + 1 / math.log2(3) + 0 + 1 / math.log2(4) + 1) / 5
+    a = numbers(docs["A"], "ndcg", "precision", "recall", "f1")
+    assert a == pytest.approx([ndcg, 4 / 5 / 5, 4 / 5, 4 / 5 * 2 / 6])
+    # B: b1 failed in qa, b2's rank 7 is beyond k=5 (a miss), b3 has no answer yet
+    assert numbers(docs["B"], *counts, "hit_rate", "mrr") == [3, 1, 1, 1, 1, 1, 0, 0]
+    assert numbers(docs["D"], "completeness_mean", "hit_rate", "mrr") == pytest.approx(
+        [0.2, 0.5, 0.25]
+    )
+    f = numbers(docs["F"], "questions", "pending", "n_judged", "completeness_mean", "hit_rate")
+    assert f[:3] == [1, 1, 0] and math.isnan(f[3]) and f[4] == 1
+    assert {doc: row["diagnosis"] for doc, row in docs.items()} == {
+        "A": "generation",
+        "B": "too much context",
+        "=C": "generation",
+        "D": "retrieval",
+        "E": "ok",
+        "F": "not judged",
+    }
+    assert overall["document"] == "ALL"
+    assert numbers(overall, *counts, *ranks) == [14, 3, 3, 11, 8, 3, 5, 2, 1, 0, 0]
+    figures = numbers(overall, "completeness_mean", "conciseness_mean", "hit_rate", "mrr")
+    assert figures == pytest.approx([4.0 / 8, 5.8 / 8, 8 / 11, 19 / 33])
+    assert "=C" in result.stdout and f"report: {run / 'report.html'}" in result.stderr
+
+
+def test_the_written_document_name_is_escaped_again(tmp_path: Path) -> None:
+    run = crafted_run(tmp_path / "run")
+    assert run_cli("stats", "--out", str(run)).exit_code == 0
+    text = (run / "summary_by_document.csv").read_text(encoding="utf-8")
+    assert "\n'=C," in text and "\n=C," not in text
+
+
+def test_confidence_intervals_bracket_the_mean(tmp_path: Path) -> None:
+    run = crafted_run(tmp_path / "run")
+    assert run_cli("stats", "--out", str(run)).exit_code == 0
+    docs, overall, _ = summaries(run)
+    for row in [*docs.values(), overall]:
+        for name, mean in [("completeness", "completeness_mean"), ("hit_rate", "hit_rate")]:
+            low, value, high = numbers(row, f"{name}_ci_low", mean, f"{name}_ci_high")
+            assert math.isnan(value) or low <= value <= high
+    # one judged question: every resample is that question, so the interval is a point
+    assert numbers(docs["=C"], "completeness_ci_low", "completeness_ci_high") == [0.2, 0.2]
+    # A's completeness is 1, 0.5 and 0: the interval is inside [0, 1] and not a point
+    low, high = numbers(docs["A"], "completeness_ci_low", "completeness_ci_high")
+    assert 0 <= low < 0.5 < high <= 1
+
+
+def test_k_from_the_option_then_the_manifest(tmp_path: Path) -> None:
+    run = crafted_run(tmp_path / "run")
+    assert run_cli("stats", "--out", str(run), "--k", "8").exit_code == 0
+    docs, _, _ = summaries(run)
+    assert numbers(docs["B"], "hit_rate", "mrr", "missed", "rank_7") == pytest.approx(
+        [1, 1 / 7, 0, 1]
+    )
+    (run / "manifest.json").write_text(json.dumps({"stages": {"answer": {"k": 2}}}))
+    assert run_cli("stats", "--out", str(run)).exit_code == 0
+    docs, _, _ = summaries(run)
+    # at k=2, A's rank 3 is a miss too: ranks 1, 2, miss, miss, 1
+    assert numbers(docs["A"], "hit_rate", "missed", "rank_2") == pytest.approx([3 / 5, 2, 1])
+    assert "rank_3" not in docs["A"]
+
+
+def random_run(folder: Path) -> Path:
+    """Four documents of 30 questions with random ranks and scores on a 0.1 grid."""
+    rng = random.Random(7)
+    ids = [f"q{i}" for i in range(120)]
+    folder.mkdir()
+    qa = [[qa_id, qa_id, f"doc{i % 4}", "?", "!", "ok", ""] for i, qa_id in enumerate(ids)]
+    write_csv(folder / "qa_dataset.csv", QA_HEADER, qa)
+    ranks = [rng.choice([1, 2, 3, ""]) for _ in ids]
+    answers = [[qa_id, "a", "[]", rank, "ok", ""] for qa_id, rank in zip(ids, ranks, strict=True)]
+    write_csv(folder / "answers.csv", ANSWER_HEADER, answers)
+    scores = [[qa_id, rng.randint(0, 10) / 10, rng.randint(0, 10) / 10, "ok", ""] for qa_id in ids]
+    write_csv(folder / "judgments.csv", JUDGE_HEADER, scores)
+    return folder
+
+
+def test_seeded_intervals_repeat_exactly(tmp_path: Path) -> None:
+    run = random_run(tmp_path / "run")
+    outputs = []
+    for seed in ("0", "0", "1"):
+        assert run_cli("stats", "--out", str(run), "--seed", seed).exit_code == 0
+        outputs.append((run / "summary_by_document.csv").read_text())
+    assert outputs[0] == outputs[1]
+    assert outputs[0] != outputs[2]
+
+
+def test_later_stages_not_run_yet_leave_every_question_pending(tmp_path: Path) -> None:
+    run = crafted_run(tmp_path / "run")
+    (run / "answers.csv").unlink()
+    (run / "judgments.csv").unlink()
+    result = run_cli("stats", "--out", str(run))
+    assert result.exit_code == 0, result.output
+    _, overall, _ = summaries(run)
+    assert numbers(overall, "questions", "errors", "pending", "n_answered") == [14, 1, 13, 0]
+    assert overall["diagnosis"] == "not judged" and overall["hit_rate"] == ""
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("missing", "qa_dataset.csv: not found; run the stage that writes it first"),
+        ("no column", "qa_dataset.csv: lacks the column(s) document"),
+        ("rank 0", "answers.csv: the row of qa_id 'a1' has status ok but a target_rank"),
+        ("score 2", "judgments.csv: the row of qa_id 'a1' has status ok but no completeness"),
+        ("text rank", "answers.csv: target_rank must be numbers"),
+        ("repeated id", "qa_dataset.csv: repeats qa_id 'a1'"),
+    ],
+)
+def test_bad_input_is_one_line(tmp_path: Path, change: str, message: str) -> None:
+    run = crafted_run(tmp_path / "run")
+    qa = (run / "qa_dataset.csv").read_text()
+    answers, judgments = run / "answers.csv", run / "judgments.csv"
+    if change == "missing":
+        (run / "qa_dataset.csv").unlink()
+    elif change == "no column":
+        (run / "qa_dataset.csv").write_text(qa.replace(",document,", ",source,"))
+    elif change in ("rank 0", "text rank"):
+        value = "0" if change == "rank 0" else "first"
+        answers.write_text(
+            answers.read_text().replace('a1,A a1,"[""chunk-a1""]",1,', f"a1,A a1,[],{value},")
+        )
+    elif change == "score 2":
+        judgments.write_text(judgments.read_text().replace("a1,1.0,", "a1,2.0,"))
+    else:
+        (run / "qa_dataset.csv").write_text(qa + "a1,c,A,q,t,ok,\n")
+    result = run_cli("stats", "--out", str(run))
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: ") and message in result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.output
+
+
+# -- the per-document bootstrap -------------------------------------------------------------------
+
+
+def test_grouped_bootstrap_matches_the_normal_approximation() -> None:
+    rng = np.random.default_rng(3)
+    halves = np.repeat([0.0, 1.0], 50)  # mean 0.5, standard error sqrt(0.25 / 100) = 0.05
+    uniform = rng.random(400)  # continuous: binned; standard error 1 / sqrt(12 * 400)
+    groups = np.repeat([0, 1, 3], [100, 400, 7])
+    values = np.concatenate([halves, uniform, np.full(7, 0.3)])
+    low, high = grouped_bootstrap_ci(groups, values, 4, seed=0)
+    assert low[0] == pytest.approx(0.5 - 1.96 * 0.05, abs=0.015)
+    assert high[0] == pytest.approx(0.5 + 1.96 * 0.05, abs=0.015)
+    error = 1 / math.sqrt(12 * 400)
+    assert low[1] == pytest.approx(uniform.mean() - 1.96 * error, abs=0.005)
+    assert high[1] == pytest.approx(uniform.mean() + 1.96 * error, abs=0.005)
+    assert math.isnan(low[2]) and math.isnan(high[2])  # no values
+    assert (low[3], high[3]) == (0.3, 0.3)  # one distinct value
+
+
+def test_a_document_name_is_never_read_as_terminal_markup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "160")  # room for the name on one line
+    run = tmp_path / "run"
+    run.mkdir()
+    write_csv(run / "qa_dataset.csv", QA_HEADER, [["q1", "c1", "[red]x[/red]", "?", "!", "ok", ""]])
+    result = run_cli("stats", "--out", str(run))
+    assert result.exit_code == 0, result.output
+    assert "[red]x[/red]" in result.stdout
