@@ -26,6 +26,15 @@ MEANS = [
     ("mrr", "mrr", "MRR"),
 ]
 DASH = "\u2013"  # between the bounds of an interval
+SHORT = {
+    "questions": "n",
+    "errors": "err",
+    "pending": "pend",
+    "completeness_mean": "compl",
+    "conciseness_mean": "conc",
+    "hit_rate": "hit",
+    "mrr": "MRR",
+}
 
 
 def _number(value: Any) -> str:
@@ -42,34 +51,36 @@ def _ci(row: pd.Series, name: str) -> str:
 
 
 def terminal_table(result: StatsResult) -> Table:
-    """The per-document summary as a rich table."""
+    """The per-document summary as a compact rich table that fits 80 columns."""
     shown = result.by_document.head(TERMINAL_ROWS)
+    counts = ["questions", "errors"] + (["pending"] * bool(result.overall["pending"].iloc[0]))
     table = Table(
         title=f"Worst {len(shown)} of {len(result.by_document)} documents by completeness",
-        caption=f"mean, 95% bootstrap CI below; cutoff k={result.k}; "
-        f"every document is in {result.paths['summary_by_document'].name}",
+        caption=f"mean, and ± half its 95% bootstrap CI; cutoff k={result.k}; the bounds and "
+        f"every document are in {result.paths['summary_by_document'].name}",
         box=box.SIMPLE_HEAD,
+        pad_edge=False,
     )
-    # The diagnosis comes second: in a narrow terminal the numbers are what gets cut.
-    table.add_column("document", overflow="fold", min_width=10)
-    table.add_column("diagnosis", min_width=10)
-    for header in ("questions", "errors", "pending", *(label for *_, label in MEANS)):
+    table.add_column("document", overflow="fold", min_width=12, ratio=1)
+    table.add_column("diagnosis")
+    for header in [SHORT.get(name, name) for name in counts] + [SHORT[m] for _, m, _ in MEANS]:
         table.add_column(header, justify="right")
     for _, row in shown.iterrows():
-        table.add_row(*_terminal_cells(row))
+        table.add_row(*_terminal_cells(row, counts))
     table.add_section()
-    table.add_row(*_terminal_cells(result.overall.iloc[0]), style="bold")
+    table.add_row(*_terminal_cells(result.overall.iloc[0], counts), style="bold")
     return table
 
 
-def _terminal_cells(row: pd.Series) -> list[Text]:
+def _terminal_cells(row: pd.Series, counts: list[str]) -> list[Text]:
     """One row's cells; Text keeps a document name like "[red]" from being read as markup."""
     diagnosis = str(row["diagnosis"])
     cells = [Text(str(row["document"])), Text(diagnosis, style=diagnosis_colour(diagnosis, True))]
-    cells += [Text(str(row[name])) for name in ("questions", "errors", "pending")]
+    cells += [Text(str(row[name])) for name in counts]
     for name, mean, _ in MEANS:
-        ci = _ci(row, name)
-        cells.append(Text(_number(row[mean])) + Text(f"\n{ci}" if ci else "", style="dim"))
+        low, high = row[f"{name}_ci_low"], row[f"{name}_ci_high"]
+        spread = "" if pd.isna(low) else f"\n±{(high - low) / 2:.2f}"
+        cells.append(Text(_number(row[mean])) + Text(spread, style="dim"))
     return cells
 
 
