@@ -118,6 +118,17 @@ def write_run(folder: Path, rows: int, documents: int, seed: int = 0, k: int = 5
 
 
 def _maxrss_mb() -> float:
+    """This process's own peak resident memory.
+
+    VmHWM, not ru_maxrss: on Linux ru_maxrss carries the parent's peak across fork and exec,
+    so a child started by a large parent would report no growth at all.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
