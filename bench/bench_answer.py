@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import FakeOpenAI, parse_args, run_stage
+from common import FakeOpenAI, parse_args, print_rates, run_stage
 
 BATCH = 64
 
@@ -98,11 +98,8 @@ def main() -> None:
         )
         server.latency = 0.0
         times = retrieval_times(store, questions, env)
-    rate, ceiling = float(record["rows_per_second"]), args.concurrency / args.latency
-    print(f"answer: {args.rows} questions, concurrency {args.concurrency}, latency {args.latency}s")
-    print(f"  ragexam   {rate:7.1f} rows/s")
-    print(f"  ceiling   {ceiling:7.1f} rows/s (concurrency / latency)")
-    print(f"  ragexam / ceiling = {rate / ceiling:.3f}   (target >= 0.85)")
+    rate = float(record["rows_per_second"])
+    print_rates("answer", args, rate, None)
     print("  retrieval per question (no server latency):")
     for kind in ("embed", "query"):
         batched, single = times[f"{kind}_batched"], times[f"{kind}_single"]

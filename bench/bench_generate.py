@@ -13,7 +13,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from common import FakeOpenAI, parse_args, run_bare, run_stage
+from common import FakeOpenAI, parse_args, print_rates, run_bare, run_stage
 
 
 def build_store(path: Path, rows: int) -> None:
@@ -49,13 +49,8 @@ def main() -> None:
             ],
         )
         bare = run_bare(env, dict(server.requests[0].body), args.rows, args.concurrency)
-    rate, ceiling = float(record["rows_per_second"]), args.concurrency / args.latency
-    print(f"generate: {args.rows} rows, concurrency {args.concurrency}, latency {args.latency}s")
-    print(f"  ragexam   {rate:7.1f} rows/s")
-    print(f"  bare SDK  {bare:7.1f} rows/s")
-    print(f"  ceiling   {ceiling:7.1f} rows/s (concurrency / latency)")
-    print(f"  ragexam / ceiling  = {rate / ceiling:.3f}   (target >= 0.85)")
-    print(f"  ragexam / bare SDK = {rate / bare:.3f}   (target >= 0.90)")
+    rate = float(record["rows_per_second"])
+    print_rates("generate", args, rate, bare)
     print(
         f"  ragexam process CPU per row, start-up included: "
         f"{1000 * record['cpu_seconds'] / args.rows:.1f} ms"

@@ -14,7 +14,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from common import FakeOpenAI, parse_args, run_bare, run_stage
+from common import FakeOpenAI, parse_args, print_rates, run_bare, run_stage
 
 
 def write_exam(run: Path, rows: int) -> None:
@@ -57,14 +57,9 @@ def main() -> None:
         )
         calls = server.count()
         bare = run_bare(env, dict(server.requests[0].body), args.rows, args.concurrency)
-    rate, ceiling = float(record["rows_per_second"]), args.concurrency / args.latency
+    rate = float(record["rows_per_second"])
     billed = record["tokens_billed"]
-    print(f"judge: {args.rows} rows, concurrency {args.concurrency}, latency {args.latency}s")
-    print(f"  ragexam   {rate:7.1f} rows/s")
-    print(f"  bare SDK  {bare:7.1f} rows/s")
-    print(f"  ceiling   {ceiling:7.1f} rows/s (concurrency / latency)")
-    print(f"  ragexam / ceiling  = {rate / ceiling:.3f}   (target >= 0.85)")
-    print(f"  ragexam / bare SDK = {rate / bare:.3f}   (target >= 0.90)")
+    print_rates("judge", args, rate, bare)
     print(f"  calls per row  = {calls / args.rows:.3f}   (target 1.000 at --samples 1)")
     print(
         f"  tokens per row = {billed['prompt'] / args.rows:.1f} in + "

@@ -15,7 +15,15 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from openai_server import FakeOpenAI  # noqa: E402
 
-__all__ = ["ROOT", "FakeOpenAI", "child_cpu", "parse_args", "run_bare", "run_stage"]
+__all__ = [
+    "ROOT",
+    "FakeOpenAI",
+    "child_cpu",
+    "parse_args",
+    "print_rates",
+    "run_bare",
+    "run_stage",
+]
 
 BARE_LOOP = """
 import asyncio, json, sys, time, openai
@@ -42,6 +50,19 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--latency", type=float, default=0.2, help="seconds per call")
     return parser.parse_args()
+
+
+def print_rates(stage: str, args: argparse.Namespace, rate: float, bare: float | None) -> None:
+    """rows/s, the ceiling (concurrency / latency), and the ratios the issues set targets for."""
+    ceiling = args.concurrency / args.latency
+    print(f"{stage}: {args.rows} rows, concurrency {args.concurrency}, latency {args.latency}s")
+    print(f"  ragexam   {rate:7.1f} rows/s")
+    if bare is not None:
+        print(f"  bare SDK  {bare:7.1f} rows/s")
+    print(f"  ceiling   {ceiling:7.1f} rows/s (concurrency / latency)")
+    print(f"  ragexam / ceiling  = {rate / ceiling:.3f}   (target >= 0.85)")
+    if bare is not None:
+        print(f"  ragexam / bare SDK = {rate / bare:.3f}   (target >= 0.90)")
 
 
 def child_cpu() -> float:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import os
 import random
 import re
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
+from test_stats import write_csv
 
 CHROMIUM = Path("/usr/bin/chromium")
 # The flags this machine needs, and none that fetch anything.
@@ -37,13 +37,6 @@ PROFILES = {
     "handbook/code-of-conduct.md": (0.6, 0.8, 0.2, 0.7),
     HOSTILE: (0.5, 0.3, 0.0, 0.5),
 }
-
-
-def write_csv(path: Path, header: list[str], rows: list[list[object]]) -> None:
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(header)
-        writer.writerows(rows)
 
 
 def demo_run(folder: Path) -> Path:
