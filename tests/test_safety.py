@@ -35,6 +35,15 @@ def test_missing_store_is_not_created(env: FakeOpenAI, tmp_path: Path) -> None:
     assert env.count() == 0
 
 
+@pytest.mark.parametrize("where", [[], ["--chroma", "store", "--chroma-url", "http://x"]])
+def test_the_store_must_be_named_once(env: FakeOpenAI, where: list[str]) -> None:
+    for command in ("generate", "answer", "run"):
+        result = run_cli(command, *where)
+        assert result.exit_code == 1
+        assert "exactly one of --chroma PATH and --chroma-url URL" in one_line(result.output)
+    assert env.requests == []
+
+
 def test_wrong_collection_names_the_ones_there(env: FakeOpenAI, tmp_path: Path) -> None:
     store = build_store(tmp_path / "store", docs(5))
     before = snapshot(store)

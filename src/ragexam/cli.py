@@ -15,7 +15,7 @@ import typer
 
 from ragexam.config import Scale, StructuredMethod, debug_enabled, load_settings
 from ragexam.display import progress_bar, say, summary_line
-from ragexam.errors import RagexamError
+from ragexam.errors import ConfigError, RagexamError
 from ragexam.store import StoreRef
 
 app = typer.Typer(
@@ -97,7 +97,7 @@ def handled(command: F) -> F:
 def store_ref(chroma: Path | None, chroma_url: str | None, collection: str | None) -> StoreRef:
     """The store the options point at; exactly one of --chroma and --chroma-url."""
     if (chroma is None) == (chroma_url is None):
-        raise typer.BadParameter("give exactly one of --chroma PATH and --chroma-url URL")
+        raise ConfigError("give exactly one of --chroma PATH and --chroma-url URL")
     return StoreRef(path=chroma, url=chroma_url, collection=collection)
 
 
