@@ -213,6 +213,24 @@ def test_the_example_rag_callable_end_to_end(
     assert sum(row["target_rank"] != "" for row in rows) > 0
 
 
+def test_a_rag_module_that_fails_to_load_is_a_one_line_error(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    (tmp_path / "broken_rag.py").write_text("raise RuntimeError('no vector db at ./db')\n")
+    write_qa(
+        tmp_path / "run" / "qa_dataset.csv", [{"qa_id": "a", "chunk_id": "c0", "question": "q"}]
+    )
+    result = run_cli("answer", "--out", "run", "--rag", "broken_rag:answer")
+    assert result.exit_code == 1
+    assert result.output == (
+        "Error: --rag 'broken_rag:answer': importing 'broken_rag' raised RuntimeError: "
+        "no vector db at ./db\n"
+    )
+    missing = run_cli("answer", "--out", "run", "--rag", "broken_rag_typo:answer")
+    assert missing.exit_code == 1 and "cannot import 'broken_rag_typo'" in missing.output
+    assert env.requests == []
+
+
 def test_a_raising_rag_gives_error_rows_not_a_crash(env: FakeOpenAI, tmp_path: Path) -> None:
     (tmp_path / "flaky_rag.py").write_text(
         "from langchain_core.documents import Document\n"

@@ -36,6 +36,11 @@ def load_rag(spec: str) -> Any:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"--rag {spec!r}: cannot import {module_name!r}: {exc}") from None
+    except Exception as exc:  # the user's module failed while loading: their error, not ours
+        reason = " ".join(str(exc).split())[:300]
+        raise ConfigError(
+            f"--rag {spec!r}: importing {module_name!r} raised {type(exc).__name__}: {reason}"
+        ) from None
     target: Any = module
     for part in attribute.split("."):
         target = getattr(target, part, None)
