@@ -59,9 +59,17 @@ def main() -> None:
         embedding_function=embedding_function(args.embedding),  # type: ignore[arg-type]
     )
     ids, texts, sources = zip(*chunks(args.corpus), strict=True)
-    collection.add(
-        ids=list(ids), documents=list(texts), metadatas=[{"source": source} for source in sources]
-    )
+    try:
+        collection.add(
+            ids=list(ids), documents=list(texts), metadatas=[{"source": s} for s in sources]
+        )
+    except Exception as exc:  # most often: no internet for the default model's first download
+        client.delete_collection(args.collection)
+        raise SystemExit(
+            f"Error: could not embed the corpus with {args.embedding!r}: "
+            f"{type(exc).__name__}: {' '.join(str(exc).split())[:200].rstrip('.')}. The default model is "
+            "downloaded once and needs internet; --embedding openai:MODEL uses your endpoint."
+        ) from None
     print(
         f"{len(ids)} chunks from {len(set(sources))} documents -> {args.chroma} "
         f"(collection {args.collection!r})"
