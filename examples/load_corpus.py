@@ -65,10 +65,11 @@ def main() -> None:
         )
     except Exception as exc:  # most often: no internet for the default model's first download
         client.delete_collection(args.collection)
+        reason = " ".join(str(exc).split())[:200].rstrip(".")
         raise SystemExit(
             f"Error: could not embed the corpus with {args.embedding!r}: "
-            f"{type(exc).__name__}: {' '.join(str(exc).split())[:200].rstrip('.')}. The default model is "
-            "downloaded once and needs internet; --embedding openai:MODEL uses your endpoint."
+            f"{type(exc).__name__}: {reason}. The default model is downloaded once and needs "
+            "internet; --embedding openai:MODEL uses your endpoint."
         ) from None
     print(
         f"{len(ids)} chunks from {len(set(sources))} documents -> {args.chroma} "
