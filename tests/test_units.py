@@ -25,7 +25,8 @@ def test_every_prompt_file_loads_and_declares_its_variables(path: Path) -> None:
 
 
 def test_every_stage_has_its_prompt_file() -> None:
-    assert {path.stem for path in prompts_dir().glob("*.toml")} == {"generate", "answer", "judge"}
+    stems = {path.stem for path in prompts_dir().glob("*.toml")}
+    assert stems == {"generate", "answer", "answer_closed_book", "judge"}
 
 
 def test_data_cannot_close_its_delimiter() -> None:

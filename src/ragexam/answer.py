@@ -12,7 +12,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from ragexam.config import Settings
+from ragexam.config import AnswerContext, Settings
 from ragexam.csvfile import read_rows
 from ragexam.errors import ConfigError, InputFileError, RagexamError, RowError
 from ragexam.generate import QA_FILE
@@ -24,7 +24,7 @@ from ragexam.runner import Progress, RunSettings, Stage, StageResult, Task, exec
 from ragexam.store import StoreRef, get_chunks, open_collection, release
 
 ANSWERS_FILE = "answers.csv"
-ANSWER_COLUMNS = ("answer", "retrieved_ids", "target_rank", "k", "rag")
+ANSWER_COLUMNS = ("answer", "retrieved_ids", "target_rank", "k", "rag", "context", "embedding")
 QA_REQUIRED = ("qa_id", "chunk_id", "question")
 BATCH = 64  # questions per embedding call and per Chroma query
 PREFETCH = 2  # batches retrieved ahead of the workers
@@ -50,6 +50,7 @@ class AnswerOptions:
     limit: int | None = None
     rag: str | None = None
     force: bool = False
+    context: AnswerContext = AnswerContext.retrieved
 
 
 def read_questions(path: Path) -> tuple[list[Question], int]:
@@ -71,6 +72,11 @@ def run_answer(
     settings: Settings, options: AnswerOptions, progress: Progress | None = None
 ) -> StageResult:
     """Write `answers.csv`; every input is checked before the first paid call."""
+    if options.rag is not None and options.context != AnswerContext.retrieved:
+        raise ConfigError(
+            f"--context {options.context.value} needs the built-in answerer: a --rag system "
+            "cannot be handed a context; drop --rag, or use --context retrieved"
+        )
     questions, skipped = read_questions(options.qa_path or options.out / QA_FILE)
     rag = load_rag(options.rag) if options.rag else None  # first: it may open the store too
     collection = _collection(options)
@@ -84,6 +90,7 @@ def run_answer(
         ANSWER_COLUMNS,
         system.model,
         system.prompt_hash,
+        system.fixed(),
     )
     record = {**system.manifest(settings, options, collection), "skipped": skipped}
     how = RunSettings(options.out, settings.concurrency, options.force, settings.redact)
@@ -93,7 +100,7 @@ def run_answer(
 
 def _collection(options: AnswerOptions) -> Any:
     if options.store is None:
-        if options.rag is None:
+        if options.rag is None and options.context != AnswerContext.none:
             raise ConfigError("the built-in RAG chain needs --chroma PATH or --chroma-url URL")
         return None
     return open_collection(options.store)
@@ -103,6 +110,10 @@ def _system(settings: Settings, options: AnswerOptions, collection: Any, rag: An
     if options.rag is not None:
         return CustomRag(rag, options.rag, options.store, collection, options.k)
     settings.api_key()
+    if options.context != AnswerContext.retrieved:
+        from ragexam.contexts import GivenContext
+
+        return GivenContext(settings, options.store, collection, options.context)
     return BuiltinRag(settings, options.store, collection, options.k)
 
 
@@ -112,6 +123,8 @@ class RagSystem(ABC):
     model: str
     prompt_hash: str
     name: str
+    context = AnswerContext.retrieved
+    embedding: str | None = None
 
     def __init__(self, store: StoreRef | None, collection: Any, k: int) -> None:
         self.store, self.collection, self.k = store, collection, k
@@ -145,7 +158,7 @@ class RagSystem(ABC):
                 payloads = await prepared
                 launch()
                 for question, payload in zip(batch, payloads, strict=True):
-                    yield Task(question.qa_id, {"k": self.k, "rag": self.name}, payload)
+                    yield Task(question.qa_id, {**self.fixed(), "rag": self.name}, payload)
         finally:
             for _, prepared in ahead:
                 prepared.cancel()
@@ -160,6 +173,10 @@ class RagSystem(ABC):
         if self.collection is None or not ids:
             return {}
         return await asyncio.to_thread(get_chunks, self.collection, ids)
+
+    def fixed(self) -> dict[str, Any]:
+        """The settings every row of an answers file shares; resuming with others is refused."""
+        return {"k": self.k, "context": self.context.value, "embedding": self.embedding}
 
     async def preflight(self) -> None:  # noqa: B027 - optional hook
         """Check, before the run, what would fail for every row."""
@@ -177,6 +194,7 @@ class RagSystem(ABC):
             "prompt": {"answer": self.prompt_hash},
             "rag": self.name,
             "k": self.k,
+            "context": self.context.value,
             "store": options.store.describe() if options.store else None,
             "collection": collection.name if collection is not None else None,
             "qa_dataset": str(options.qa_path or options.out / QA_FILE),

@@ -21,6 +21,7 @@ COLOURS = {
     "too much context": ("#7e57c2", "magenta"),
     "ok": ("#2e9e6b", "green"),
     "not judged": ("#9aa0a6", "dim"),
+    "prior_knowledge": ("#3b6fb6", "blue"),
 }
 
 

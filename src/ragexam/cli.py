@@ -13,7 +13,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from ragexam.config import Scale, StructuredMethod, debug_enabled, load_settings
+from ragexam.config import AnswerContext, Scale, StructuredMethod, debug_enabled, load_settings
 from ragexam.display import progress_bar, say, summary_line
 from ragexam.errors import ConfigError, RagexamError
 from ragexam.store import StoreRef
@@ -64,6 +64,13 @@ ScaleOpt = Annotated[Scale, _opt("--scale", "unit: floats 0..1; ten: integers 0.
 StatsKOpt = Annotated[int | None, _opt("--k", "Metrics cutoff [answer's k, else 5].", min=1)]
 SeedOpt = Annotated[int, _opt("--seed", "Seed of the resampling.")]
 MaxCharsOpt = Annotated[int, _opt("--max-chunk-chars", "Truncate longer chunks.", min=100)]
+ContextOpt = Annotated[
+    AnswerContext, _opt("--context", "retrieved chunks, the source chunk alone, or none.")
+]
+ControlsOpt = Annotated[
+    bool, _opt("--controls", "Also answer and judge with gold context and closed-book.")
+]
+CONTROL_RUNS = {"gold": AnswerContext.gold, "closed_book": AnswerContext.none}
 
 
 def handled(command: F) -> F:
@@ -157,6 +164,7 @@ def answer(
     model: ModelOpt = None,
     max_error_rate: ErrorRateOpt = None,
     force: ForceOpt = False,
+    context: ContextOpt = AnswerContext.retrieved,
 ) -> None:
     """Have the RAG system answer every question, with the source chunk's rank: answers.csv."""
     from ragexam.answer import AnswerOptions, run_answer
@@ -169,11 +177,11 @@ def answer(
         max_error_rate=max_error_rate,
     )
     has_store = chroma is not None or chroma_url is not None
-    store = store_ref(chroma, chroma_url, collection) if has_store or not rag else None
+    needs_store = not rag and context != AnswerContext.none
+    store = store_ref(chroma, chroma_url, collection) if has_store or needs_store else None
+    options = AnswerOptions(store, out, qa_dataset, k, limit, rag, force, context)
     with progress_bar("answer") as bar:
-        result = run_answer(
-            settings, AnswerOptions(store, out, qa_dataset, k, limit, rag, force), bar
-        )
+        result = run_answer(settings, options, bar)
     note = f"{result.skipped} questions skipped: they are errors in the qa dataset"
     summary_line("answer", result, note if result.skipped else None)
     check_error_rate(result.path, settings.max_error_rate)
@@ -264,8 +272,14 @@ def run(
     max_error_rate: ErrorRateOpt = None,
     structured_output: MethodOpt = None,
     force: ForceOpt = False,
+    controls: ControlsOpt = False,
 ) -> None:
     """Run every stage in order: generate, answer, judge, stats."""
+    if controls and rag:
+        raise ConfigError(
+            "--controls answer with the built-in answerer, which is not your --rag system: "
+            "their completeness would compare two answerers; run them without --rag"
+        )
     generate(
         chroma=chroma,
         chroma_url=chroma_url,
@@ -300,6 +314,28 @@ def run(
         structured_output=structured_output,
         force=force,
     )
+    for folder, kind in CONTROL_RUNS.items() if controls else ():
+        answer(
+            chroma=chroma,
+            chroma_url=chroma_url,
+            collection=collection,
+            out=out / folder,
+            qa_dataset=out / "qa_dataset.csv",
+            concurrency=concurrency,
+            model=model,
+            max_error_rate=max_error_rate,
+            force=force,
+            context=kind,
+        )
+        judge(
+            out=out / folder,
+            qa_dataset=out / "qa_dataset.csv",
+            concurrency=concurrency,
+            model=model,
+            max_error_rate=max_error_rate,
+            structured_output=structured_output,
+            force=force,
+        )
     stats(out=out, k=k)
 
 

@@ -38,6 +38,14 @@ class Scale(StrEnum):
     ten = "ten"
 
 
+class AnswerContext(StrEnum):
+    """What the answerer is given: the retrieved chunks, the source chunk alone, or nothing."""
+
+    retrieved = "retrieved"
+    gold = "gold"
+    none = "none"
+
+
 def _env(*names: str) -> Any:
     return Field(None, validation_alias=AliasChoices(*names))
 

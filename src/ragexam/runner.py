@@ -53,6 +53,7 @@ class Stage:
     columns: Sequence[str]
     model: str
     prompt_hash: str
+    fixed: Mapping[str, Any] = field(default_factory=dict)  # settings every row must share
 
     def all_columns(self) -> list[str]:
         """The output's columns: the key, the stage's own, then the runner's."""
@@ -151,21 +152,29 @@ class Runner:
             return
         if not self.force:
             row = ok[stale[0]]
+            theirs, ours = self._fingerprint(row), self._fingerprint(None)
+            names = [name for name in ours if theirs[name] != ours[name]]
+            what = "model or prompt" if {"model", "prompt"} & set(names) else " or ".join(names)
+            was = ", ".join(f"{name} {theirs[name]!r}" for name in names)
+            now = ", ".join(f"{name} {ours[name]!r}" for name in names)
             raise OutputFileError(
                 self.stage.path,
-                f"{len(stale)} existing rows came from a different model or prompt (model "
-                f"{row['model']!r}, prompt {row['prompt_hash']!r}) than this run (model "
-                f"{self.stage.model!r}, prompt {self.stage.prompt_hash!r}); pass --force to "
-                "redo them, or use another --out",
+                f"{len(stale)} existing rows came from a different {what} "
+                f"({was}) than this run ({now}); pass --force to redo them, or use another --out",
             )
         for key in stale:
             del ok[key]
 
+    def _fingerprint(self, row: Mapping[str, Any] | None) -> dict[str, str]:
+        """What a row must share with this run: model, prompt, and the stage's fixed settings."""
+        if row is None:
+            mine = {"model": self.stage.model, "prompt": self.stage.prompt_hash}
+            return mine | {name: _cell(value) for name, value in self.stage.fixed.items()}
+        theirs = {"model": row.get("model"), "prompt": row.get("prompt_hash")}
+        return theirs | {name: row.get(name) or "" for name in self.stage.fixed}
+
     def _differs(self, row: Mapping[str, Any]) -> bool:
-        return (row.get("model"), row.get("prompt_hash")) != (
-            self.stage.model,
-            self.stage.prompt_hash,
-        )
+        return self._fingerprint(row) != self._fingerprint(None)
 
     async def run(self, tasks: Iterable[Task] | AsyncIterator[Task], work: Work) -> Outcome:
         """Do every task not yet `ok`, `concurrency` at a time, writing rows as they land."""
@@ -311,6 +320,11 @@ def execute(
         figures = {**plan.figures(), **runner.outcome.record()}
         update_manifest(how.out, stage.name, {**record, **figures, "status": status})
     return runner.outcome
+
+
+def _cell(value: Any) -> str:
+    """A fixed setting as a row holds it once read back: None is empty."""
+    return "" if value is None else str(value)
 
 
 async def _aiter(tasks: Iterable[Task] | AsyncIterator[Task]) -> AsyncIterator[Task]:

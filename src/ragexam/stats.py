@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from ragexam.controlruns import CONTROL_RUNS, MEASURED, control_means, measured_diagnosis
 from ragexam.csvfile import escape_cell, unescape_cell
 from ragexam.errors import InputFileError
 from ragexam.manifest import read_manifest
@@ -36,6 +37,7 @@ DIAGNOSES = {
     "too much context": "complete but not concise: retrieve fewer chunks, or rerank them",
     "ok": "complete and concise",
     "not judged": "no judged question yet, so no judge-based diagnosis",
+    **MEASURED,
 }
 COUNTS = {"errors": "error", "pending": "pending", "n_answered": "answered", "n_judged": "judged"}
 RETRIEVAL = ("hit_rate", "mrr", "map", "ndcg", "precision", "recall", "f1")  # RetrievalScores order
@@ -233,6 +235,10 @@ def load_questions(out: Path, *, texts: bool = False) -> pd.DataFrame:
     )
     if texts:
         frame = frame.assign(**{name: qa[name] for name in TEXTS}, answer=answers.values["answer"])
+    for folder, column in CONTROL_RUNS.items():  # control runs, when `run --controls` made them
+        if (out / folder / JUDGMENTS_FILE).exists():
+            control = _aligned(out / folder / JUDGMENTS_FILE, index, ("completeness",), ())
+            frame[column] = control.values["completeness"]
     return frame
 
 
@@ -281,9 +287,10 @@ def _columns(questions: pd.DataFrame, groups: IntArray, n: int, k: int, ci: CI) 
         columns[f"{name}_ci_low"], columns[f"{name}_ci_high"] = ci(groups[judged], values, n)
     columns.update(_retrieval(groups[answered], rank_index(questions, k)[answered], n, k, ci))
     completeness, conciseness = columns["completeness_mean"], columns["conciseness_mean"]
-    columns["diagnosis"] = diagnose(
-        completeness, conciseness, columns["hit_rate"], columns["n_judged"]
-    )
+    columns.update(control_means(questions, groups, n, completeness))
+    diagnosis = diagnose(completeness, conciseness, columns["hit_rate"], columns["n_judged"])
+    low_conciseness = conciseness < LOW_CONCISENESS
+    columns["diagnosis"] = measured_diagnosis(columns, diagnosis, low_conciseness)
     return pd.DataFrame(columns)
 
 

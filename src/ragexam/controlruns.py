@@ -1,0 +1,64 @@
+"""Control runs in the summary: gold and closed-book completeness, and the measured diagnosis.
+
+`run --controls` answers the same exam with the source chunk handed over (`OUT/gold/`) and with
+no context (`OUT/closed_book/`). Retrieval loss is the gold completeness minus the RAG run's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+# folder of the control run -> its completeness column in the summaries
+CONTROL_RUNS = {"gold": "completeness_gold", "closed_book": "completeness_closed_book"}
+PRIOR_KNOWLEDGE = 0.6  # closed-book completeness at or above: the questions don't test retrieval
+LOW_GOLD = 0.6  # gold completeness below: even the right chunk gives poor answers
+RETRIEVAL_LOSS = 0.2  # at or above: retrieval costs this much completeness
+MEASURED = {
+    "prior_knowledge": "answered closed-book: the questions do not test retrieval",
+}
+
+
+def control_means(
+    questions: pd.DataFrame, groups: npt.NDArray[np.int64], n: int, completeness: Any
+) -> dict[str, Any]:
+    """Per group, the mean completeness of each control run present, and the retrieval loss."""
+    columns: dict[str, Any] = {}
+    for name in CONTROL_RUNS.values():
+        if name in questions:
+            values = questions[name].to_numpy(dtype=float)
+            judged = ~np.isnan(values)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                columns[name] = np.bincount(groups[judged], values[judged], n) / np.bincount(
+                    groups[judged], minlength=n
+                )
+    if "completeness_gold" in columns:
+        columns["retrieval_loss"] = columns["completeness_gold"] - completeness
+    return columns
+
+
+def measured_diagnosis(
+    columns: dict[str, Any], fallback: npt.NDArray[np.str_], low_conciseness: Any
+) -> npt.NDArray[np.str_]:
+    """First match wins: prior_knowledge, generation, retrieval, too much context, ok.
+
+    A group without both control figures keeps the threshold diagnosis (`fallback`), and
+    one with no judged question stays "not judged".
+    """
+    if not all(name in columns for name in CONTROL_RUNS.values()):
+        return fallback
+    gold, closed = columns["completeness_gold"], columns["completeness_closed_book"]
+    cases = [
+        closed >= PRIOR_KNOWLEDGE,
+        gold < LOW_GOLD,
+        columns["retrieval_loss"] >= RETRIEVAL_LOSS,
+        low_conciseness,
+    ]
+    measured = np.select(
+        cases, ["prior_knowledge", "generation", "retrieval", "too much context"], "ok"
+    )
+    usable = ~np.isnan(gold) & ~np.isnan(closed) & ~np.isnan(columns["retrieval_loss"])
+    return np.where(usable & (fallback != "not judged"), measured, fallback)

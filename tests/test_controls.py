@@ -1,0 +1,101 @@
+"""Control runs in a world whose right answers are known: gold context, closed book, diagnosis."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import read_csv, run_cli
+from openai_server import FakeOpenAI
+from world import World
+
+from ragexam.csvfile import read_rows
+
+
+def run_world(env: FakeOpenAI, tmp_path: Path, world: World) -> Path:
+    """`ragexam run --controls` over the world's store; the run folder."""
+    env.responder, env.embed = world.respond, world.embed
+    store = world.build_store(tmp_path / "store")
+    result = run_cli(
+        "run", "--chroma", str(store), "--out", "run", "--controls",
+        "--embedding", "openai:fake-embed", "--k", "3",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return tmp_path / "run"
+
+
+def summary(run: Path) -> dict[str, dict[str, str]]:
+    """Both summaries by document, ALL included."""
+    rows = read_rows(run / "summary_by_document.csv", ["document"])
+    rows += read_rows(run / "summary.csv", ["document"])
+    return {row["document"]: row for row in rows}
+
+
+def test_gold_and_closed_book_bracket_the_rag_run_and_measure_retrieval_loss(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    world = World({"found.md": 6, "missed.md": 4}, missed={"missed.md"})
+    run = run_world(env, tmp_path, world)
+    gold = read_csv(run / "gold" / "answers.csv")
+    closed = read_csv(run / "closed_book" / "answers.csv")
+    assert len(gold) == len(closed) == 10
+    assert {row["context"] for row in gold} == {"gold"}
+    assert {row["context"] for row in closed} == {"none"}
+    assert (run / "gold" / "manifest.json").exists() and (
+        run / "closed_book" / "judgments.csv"
+    ).exists()
+    rows = summary(run)
+    # found.md: every source chunk retrieved at rank 1, so the RAG answers are complete;
+    # missed.md: never retrieved, so "not in the context": 0. Overall 6 of 10 questions.
+    expected_rag = {"found.md": 1.0, "missed.md": 0.0, "ALL": 0.6}
+    for document, rag in expected_rag.items():
+        row = rows[document]
+        assert float(row["completeness_gold"]) >= 0.95
+        assert float(row["completeness_closed_book"]) <= 0.05
+        assert float(row["completeness_mean"]) == pytest.approx(rag)
+        loss = float(row["completeness_gold"]) - float(row["completeness_mean"])
+        assert float(row["retrieval_loss"]) == pytest.approx(loss)
+        assert float(row["retrieval_loss"]) == pytest.approx(1.0 - rag)
+    assert rows["missed.md"]["diagnosis"] == "retrieval"
+    assert rows["found.md"]["diagnosis"] == "ok"
+
+
+def test_a_document_answered_closed_book_is_prior_knowledge(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    world = World({"famous.md": 3, "found.md": 3, "missed.md": 3}, {"missed.md"}, {"famous.md"})
+    rows = summary(run_world(env, tmp_path, world))
+    assert float(rows["famous.md"]["completeness_closed_book"]) == 1.0
+    assert rows["famous.md"]["diagnosis"] == "prior_knowledge"
+    assert rows["missed.md"]["diagnosis"] == "retrieval"
+    assert rows["found.md"]["diagnosis"] == "ok"
+    assert float(rows["ALL"]["completeness_closed_book"]) == pytest.approx(3 / 9)
+
+
+def test_resuming_with_another_context_or_k_is_refused_and_rag_cannot_take_a_context(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    world = World({"found.md": 4})
+    env.responder, env.embed = world.respond, world.embed
+    store = str(world.build_store(tmp_path / "store"))
+    assert run_cli("generate", "--chroma", store, "--out", "run").exit_code == 0
+    common = ("answer", "--chroma", store, "--out", "run", "--embedding", "openai:fake-embed")
+    assert run_cli(*common, "--k", "2").exit_code == 0
+    calls = env.count()
+    for extra, named in ((("--k", "3"), "k '2'"), (("--context", "gold"), "context 'retrieved'")):
+        refused = run_cli(*common, "--k", "2", *extra)
+        assert refused.exit_code == 1, refused.output
+        assert named in refused.output and "--force" in refused.output
+    other = run_cli(*common, "--k", "2", "--embedding", "openai:other-embed")
+    assert other.exit_code == 1 and "embedding 'openai:fake-embed'" in other.output
+    assert env.count() == calls  # refused before any call
+    rag = run_cli("answer", "--out", "run", "--rag", "nowhere:rag", "--context", "none")
+    assert rag.exit_code == 1
+    assert rag.output.count("\n") == 1 and "cannot be handed a context" in rag.output
+    closed = run_cli(
+        "answer", "--out", "run/closed", "--qa-dataset", "run/qa_dataset.csv", "--context", "none"
+    )
+    assert closed.exit_code == 0, closed.output  # closed-book needs no store
+    assert {row["answer"] for row in read_csv(tmp_path / "run" / "closed" / "answers.csv")} == {
+        "I don't know."
+    }
