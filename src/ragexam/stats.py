@@ -14,6 +14,7 @@ import pandas as pd
 
 from ragexam.controlruns import CONTROL_RUNS, MEASURED, control_means, measured_diagnosis
 from ragexam.csvfile import escape_cell, unescape_cell
+from ragexam.cutoffs import cutoff_columns
 from ragexam.errors import InputFileError
 from ragexam.manifest import read_manifest
 from ragexam.metrics import score_rank
@@ -286,6 +287,7 @@ def _columns(questions: pd.DataFrame, groups: IntArray, n: int, k: int, ci: CI) 
             columns[f"{name}_mean"] = np.bincount(groups[judged], values, n) / columns["n_judged"]
         columns[f"{name}_ci_low"], columns[f"{name}_ci_high"] = ci(groups[judged], values, n)
     columns.update(_retrieval(groups[answered], rank_index(questions, k)[answered], n, k, ci))
+    columns.update(cutoff_columns(groups[answered], rank_index(questions, k)[answered], n, k))
     completeness, conciseness = columns["completeness_mean"], columns["conciseness_mean"]
     columns.update(control_means(questions, groups, n, completeness))
     diagnosis = diagnose(completeness, conciseness, columns["hit_rate"], columns["n_judged"])
