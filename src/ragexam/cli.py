@@ -70,6 +70,19 @@ ContextOpt = Annotated[
 ControlsOpt = Annotated[
     bool, _opt("--controls", "Also answer and judge with gold context and closed-book.")
 ]
+SampleOpt = Annotated[int | None, _opt("--sample", "N chunks, stratified by document.", min=1)]
+PerDocumentOpt = Annotated[
+    int | None, _opt("--per-document", "N chunks from every document.", min=1)
+]
+SampleSeedOpt = Annotated[int, _opt("--seed", "Seed of --sample and --split.")]
+SplitOpt = Annotated[
+    float | None, _opt("--split", "Share of each document's questions in validation.")
+]
+CheckOpt = Annotated[bool, _opt("--check", "One critic call per row: flag bad questions.")]
+StatsSplitOpt = Annotated[str | None, _opt("--split", "Only this split, e.g. test.")]
+ExcludeFlaggedOpt = Annotated[
+    bool, _opt("--exclude-flagged", "Leave flagged questions out of every mean.")
+]
 CONTROL_RUNS = {"gold": AnswerContext.gold, "closed_book": AnswerContext.none}
 
 
@@ -128,10 +141,16 @@ def generate(
     structured_output: MethodOpt = None,
     force: ForceOpt = False,
     max_chunk_chars: MaxCharsOpt = 8000,
+    sample: SampleOpt = None,
+    per_document: PerDocumentOpt = None,
+    seed: SampleSeedOpt = 0,
+    split: SplitOpt = None,
+    check: CheckOpt = False,
 ) -> None:
     """Write one question and ground-truth answer per chunk: qa_dataset.csv."""
     from ragexam.generate import GenerateOptions, run_generate
     from ragexam.runner import check_error_rate
+    from ragexam.sampling import Sampling
 
     settings = load_settings(
         generate_model=model,
@@ -139,9 +158,9 @@ def generate(
         max_error_rate=max_error_rate,
         structured_output=structured_output,
     )
-    options = GenerateOptions(
-        store_ref(chroma, chroma_url, collection), out, limit, doc_key, max_chunk_chars, force
-    )
+    store = store_ref(chroma, chroma_url, collection)
+    sampling = Sampling(sample, per_document, seed, split)
+    options = GenerateOptions(store, out, limit, doc_key, max_chunk_chars, force, sampling, check)
     with progress_bar("generate") as bar:
         result = run_generate(settings, options, bar)
     summary_line("generate", result)
@@ -223,14 +242,20 @@ def judge(
 
 @app.command()
 @handled
-def stats(out: OutOpt = Path("outputs"), k: StatsKOpt = None, seed: SeedOpt = 0) -> None:
+def stats(
+    out: OutOpt = Path("outputs"),
+    k: StatsKOpt = None,
+    seed: SeedOpt = 0,
+    split: StatsSplitOpt = None,
+    exclude_flagged: ExcludeFlaggedOpt = False,
+) -> None:
     """Summarise per source document: summary_by_document.csv, summary.csv, report.html."""
     from rich.console import Console
 
     from ragexam.report import terminal_table
     from ragexam.stats import StatsOptions, run_stats
 
-    result = run_stats(StatsOptions(out, k, seed))
+    result = run_stats(StatsOptions(out, k, seed, split, exclude_flagged))
     Console().print(terminal_table(result))
     say(f"report: {result.paths['report']}")
 

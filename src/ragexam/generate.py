@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -12,14 +12,26 @@ from typing import Any
 from pydantic import BaseModel, Field, field_validator
 
 from ragexam.config import Settings
+from ragexam.csvfile import read_rows
 from ragexam.errors import RowError
-from ragexam.llm import LLM
+from ragexam.flags import Critique, cheap_flags, critic_flags, join_flags, normalise
+from ragexam.llm import LLM, Reply
 from ragexam.prompts import Prompt, load_prompt
 from ragexam.runner import Progress, RunSettings, Stage, StageResult, Task, execute
+from ragexam.sampling import Sampling, assign_splits, check_resume, choose
 from ragexam.store import StoreRef, iter_chunks, open_collection, release
 
 QA_FILE = "qa_dataset.csv"
-QA_COLUMNS = ("chunk_id", "document", "question", "ground_truth_answer", "truncated", "chunk_chars")
+QA_COLUMNS = (
+    "chunk_id",
+    "document",
+    "question",
+    "ground_truth_answer",
+    "truncated",
+    "chunk_chars",
+    "split",
+    "flags",
+)
 
 
 class QAPair(BaseModel):
@@ -46,6 +58,8 @@ class GenerateOptions:
     doc_key: str | None = None
     max_chunk_chars: int = 8000
     force: bool = False
+    sampling: Sampling = field(default_factory=Sampling)
+    check: bool = False
 
 
 def qa_id_for(chunk_id: str, index: int = 0) -> str:
@@ -59,6 +73,7 @@ def run_generate(
     """Write `qa_dataset.csv` in the run folder; checks inputs before any paid call."""
     settings.api_key()
     collection = open_collection(options.store)
+    check_resume(options.out, options.out / QA_FILE, options.sampling)
     plan = GeneratePlan(settings, options, collection)
     options.out.mkdir(parents=True, exist_ok=True)
     stage = Stage(
@@ -75,15 +90,37 @@ class GeneratePlan:
     def __init__(self, settings: Settings, options: GenerateOptions, collection: Any) -> None:
         self.options, self.collection = options, collection
         self.prompt: Prompt = load_prompt("generate", settings.prompts_dir)
+        self.critic = load_prompt("critic", settings.prompts_dir) if options.check else None
         self.llm = LLM(settings, settings.model_for("generate"))
+        self.seen: set[str] = set()  # normalised questions written so far, for duplicates
 
     def tasks(self, done: set[str]) -> tuple[int, Iterator[Task]]:
-        """The first --limit chunks, less those already done."""
+        """The first --limit chunks (of the sample, if any), less those already done."""
+        path = self.options.out / QA_FILE
+        if path.exists():  # the runner kept only the ok rows: their questions came earlier
+            self.seen = {normalise(row["question"]) for row in read_rows(path, ["question"])}
+        if self.options.sampling.active:
+            return self._sampled(done)
         count = self.collection.count()
         wanted = min(count, self.options.limit or count)
         chunks = islice(iter_chunks(self.collection, self.options.doc_key), self.options.limit)
         left = max(wanted - len(done), 0)
         return left, _tasks(chunks, done, self.options.max_chunk_chars)
+
+    def _sampled(self, done: set[str]) -> tuple[int, Iterator[Task]]:
+        """List the chunks without their texts, draw the sample and splits, then read the texts."""
+        sampling = self.options.sampling
+        pairs = [
+            (chunk.id, chunk.document)
+            for chunk in iter_chunks(self.collection, self.options.doc_key, texts=False)
+        ]
+        chosen = choose(pairs, sampling)
+        selected = [pair for pair in pairs if pair[0] in chosen][: self.options.limit]
+        splits = assign_splits(selected, sampling.split, sampling.seed) if sampling.split else {}
+        wanted = {chunk_id for chunk_id, _ in selected}
+        chunks = (c for c in iter_chunks(self.collection, self.options.doc_key) if c.id in wanted)
+        left = sum(qa_id_for(chunk_id) not in done for chunk_id in wanted)
+        return left, _tasks(chunks, done, self.options.max_chunk_chars, splits)
 
     async def work(self, task: Task) -> dict[str, Any]:
         """Ask for a QAPair about the chunk."""
@@ -92,11 +129,26 @@ class GeneratePlan:
             raise RowError("the chunk is empty or whitespace only; nothing to ask about")
         values = self.prompt.fill(chunk=text, document=str(task.known["document"]))
         reply = await self.llm.structured(self.prompt.template.format_messages(**values), QAPair)
+        question, truth = reply.value.question, reply.value.answer
+        flags = cheap_flags(question, truth, int(task.known["chunk_chars"]), self.seen)
+        self.seen.add(normalise(question))
+        cost = reply.cost()
+        if self.critic is not None:
+            review = await self._review(text, question, truth)
+            flags += critic_flags(review.value)
+            cost = {name: value + review.cost()[name] for name, value in cost.items()}
         return {
-            "question": reply.value.question,
-            "ground_truth_answer": reply.value.answer,
-            **reply.cost(),
+            "question": question,
+            "ground_truth_answer": truth,
+            "flags": join_flags(flags),
+            **cost,
         }
+
+    async def _review(self, chunk: str, question: str, truth: str) -> Reply[Critique]:
+        """One critic call: is the question standalone, answerable, its answer supported?"""
+        assert self.critic is not None
+        values = self.critic.fill(chunk=chunk, question=question, answer=truth)
+        return await self.llm.structured(self.critic.template.format_messages(**values), Critique)
 
     async def preflight(self) -> None:
         """Nothing to check beyond what run_generate did."""
@@ -118,7 +170,8 @@ class GeneratePlan:
         """What the questions depend on."""
         return {
             "model": self.llm.model,
-            "prompt": {"generate": self.prompt.hash},
+            "prompt": {"generate": self.prompt.hash}
+            | ({"critic": self.critic.hash} if self.critic else {}),
             "store": self.options.store.describe(),
             "collection": self.collection.name,
             "settings": settings.public(),
@@ -126,11 +179,15 @@ class GeneratePlan:
                 "limit": self.options.limit,
                 "doc_key": self.options.doc_key,
                 "max_chunk_chars": self.options.max_chunk_chars,
+                "sampling": self.options.sampling.record(),
+                "check": self.options.check,
             },
         }
 
 
-def _tasks(chunks: Iterator[Any], done: set[str], max_chars: int) -> Iterator[Task]:
+def _tasks(
+    chunks: Iterator[Any], done: set[str], max_chars: int, splits: dict[str, str] | None = None
+) -> Iterator[Task]:
     for chunk in chunks:
         qa_id = qa_id_for(chunk.id)
         if qa_id in done:
@@ -140,5 +197,6 @@ def _tasks(chunks: Iterator[Any], done: set[str], max_chars: int) -> Iterator[Ta
             "document": chunk.document,
             "truncated": len(chunk.text) > max_chars,
             "chunk_chars": len(chunk.text),
+            "split": (splits or {}).get(chunk.id),
         }
         yield Task(qa_id, known, chunk.text[:max_chars])

@@ -19,6 +19,7 @@ from ragexam.errors import InputFileError
 from ragexam.manifest import read_manifest
 from ragexam.metrics import score_rank
 from ragexam.resampling import RESAMPLES, bootstrap_ci, grouped_bootstrap_ci
+from ragexam.selection import select
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -51,6 +52,8 @@ class StatsOptions:
     out: Path
     k: int | None = None
     seed: int = 0
+    split: str | None = None
+    exclude_flagged: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ def run_stats(options: StatsOptions) -> StatsResult:
 
     out, k = options.out, resolve_k(options.out, options.k)
     questions = load_questions(out, texts=True)
+    questions = select(questions, out / QA_FILE, options.split, options.exclude_flagged)
     by_document, overall = summarise(questions, k, options.seed)
     paths = {name: out / f"{name}.csv" for name in ("summary_by_document", "summary")}
     paths["report"] = out / "report.html"
@@ -280,6 +284,8 @@ def _columns(questions: pd.DataFrame, groups: IntArray, n: int, k: int, ci: CI) 
     columns: dict[str, Any] = {"questions": np.bincount(groups, minlength=n)}
     for name, flag in COUNTS.items():
         columns[name] = np.bincount(groups[questions[flag].to_numpy()], minlength=n)
+    if "flagged" in questions:
+        columns["flagged"] = np.bincount(groups[questions["flagged"].to_numpy()], minlength=n)
     judged, answered = questions["judged"].to_numpy(), questions["answered"].to_numpy()
     for name in ("completeness", "conciseness"):
         values = questions[name].to_numpy()[judged]

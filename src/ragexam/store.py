@@ -161,18 +161,19 @@ def document_of(metadata: Mapping[str, Any] | None, doc_key: str | None) -> str:
 
 
 def iter_chunks(
-    collection: Any, doc_key: str | None = None, page_size: int = PAGE_SIZE
+    collection: Any, doc_key: str | None = None, page_size: int = PAGE_SIZE, texts: bool = True
 ) -> Iterator[Chunk]:
-    """Every chunk of the collection, one page in memory at a time."""
+    """Every chunk of the collection, one page in memory at a time (without texts: "" each)."""
     offset = 0
+    include = ["documents", "metadatas"] if texts else ["metadatas"]
     while True:
-        page = collection.get(limit=page_size, offset=offset, include=["documents", "metadatas"])
+        page = collection.get(limit=page_size, offset=offset, include=include)
         ids = page["ids"]
         if offset == 0 and doc_key:
             _check_doc_key(page["metadatas"] or [], doc_key)
         for index, chunk_id in enumerate(ids):
             metadata = (page["metadatas"] or [])[index] or {}
-            text = (page["documents"] or [])[index] or ""
+            text = (page["documents"] or [""] * len(ids))[index] or ""
             yield Chunk(chunk_id, text, document_of(metadata, doc_key), metadata)
         if len(ids) < page_size:
             return
