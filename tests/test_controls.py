@@ -58,6 +58,13 @@ def test_gold_and_closed_book_bracket_the_rag_run_and_measure_retrieval_loss(
         assert float(row["retrieval_loss"]) == pytest.approx(1.0 - rag)
     assert rows["missed.md"]["diagnosis"] == "retrieval"
     assert rows["found.md"]["diagnosis"] == "ok"
+    report = (run / "report.html").read_text()
+    assert "Is it retrieval or generation? Measured" in report
+    # three bars per document: gold, RAG, closed book (the closed-book ones have width 0)
+    assert report.count("<title>gold context 1.000</title>") == 2
+    assert report.count("<title>RAG 1.000</title>") == 1 and "<title>RAG 0.000</title>" in report
+    assert report.count("<title>closed book 0.000</title>") == 2
+    assert "retrieval  loss +1.00" in report
 
 
 def test_a_document_answered_closed_book_is_prior_knowledge(

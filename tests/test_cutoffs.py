@@ -68,6 +68,10 @@ def test_stats_writes_every_metric_at_every_cutoff_up_to_k(tmp_path: Path) -> No
     for metric, by_cutoff in HAND.items():
         for cutoff, value in by_cutoff.items():
             assert float(overall[f"{metric}_at_{cutoff}"]) == pytest.approx(value, abs=1e-12)
+    report = (run / "report.html").read_text()
+    assert "Hit rate and MRR against the cutoff" in report
+    assert "<title>hit_rate at 3: 0.400</title>" in report
+    assert "<title>mrr at 10: 0.379</title>" in report  # (1.75 + 1/7) / 5 = 0.3786
     assert run_cli("stats", "--out", str(run), "--k", "3").exit_code == 0
     (overall,) = read_rows(run / "summary.csv", ["document"])
     assert "mrr_at_3" in overall and "mrr_at_5" not in overall and "hit_rate_at_10" not in overall

@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ragexam.charts import bars, diagnosis_colour, histogram, scatter
+from ragexam.controlcharts import sections as measured_sections
 from ragexam.resampling import RESAMPLES
 from ragexam.stats import DIAGNOSES, LOW_COMPLETENESS, LOW_CONCISENESS, LOW_HIT_RATE, StatsResult
 
@@ -130,6 +131,7 @@ def write_report(result: StatsResult, path: Path) -> Path:
             bars(documents),
         ),
         _pair(result),
+        *(_section(*section) for section in measured_sections(documents, result.overall, result.k)),
         _section("Per document", "The same documents, every figure.", _documents(documents)),
         _section(
             f"The {len(result.worst)} worst questions",

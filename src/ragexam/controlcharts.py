@@ -1,0 +1,99 @@
+"""Report charts of the measured diagnosis and the cutoffs: control runs beside the RAG run per
+document, and the hit rate and MRR against the cutoff.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ragexam.charts import _svg, _text, diagnosis_colour
+from ragexam.controlruns import LOW_GOLD, PRIOR_KNOWLEDGE, RETRIEVAL_LOSS
+from ragexam.cutoffs import cutoffs_for
+
+# (column, label, colour) of the three bars per document
+RUNS = [
+    ("completeness_gold", "gold context", "#2e9e6b"),
+    ("completeness_mean", "RAG", "#3b6fb6"),
+    ("completeness_closed_book", "closed book", "#9aa0a6"),
+]
+
+
+def sections(
+    by_document: pd.DataFrame, overall: pd.DataFrame, k: int
+) -> list[tuple[str, str, str]]:
+    """(title, note, chart) of each section these figures allow; none without them."""
+    found = []
+    if all(column in by_document for column, _, _ in RUNS):
+        note = (
+            "Completeness with the source chunk handed over, with the retrieved chunks, and with "
+            f"no context. Closed book at or above {PRIOR_KNOWLEDGE:g} is prior_knowledge; gold "
+            f"below {LOW_GOLD:g} is generation; a retrieval loss (gold minus RAG) of "
+            f"{RETRIEVAL_LOSS:g} or more is retrieval."
+        )
+        found.append(("Is it retrieval or generation? Measured", note, control_bars(by_document)))
+    if f"hit_rate_at_{cutoffs_for(k)[0]}" in overall:
+        note = "From the same answer run: the metrics if only the top C chunks had been retrieved."
+        found.append(
+            ("Hit rate and MRR against the cutoff", note, cutoff_chart(overall.iloc[0], k))
+        )
+    return found
+
+
+def control_bars(documents: pd.DataFrame) -> str:
+    """Per document: gold, RAG and closed-book completeness side by side, and the diagnosis."""
+    left, scale, height = 330, 480, 46
+    parts = []
+    for number, row in enumerate(documents.to_dict("records")):
+        top, name = 26 + number * height, str(row["document"])
+        short = name if len(name) <= 44 else "…" + name[-43:]
+        parts.append(_text(left - 10, top + 20, short, 'text-anchor="end"'))
+        for place, (column, label, colour) in enumerate(RUNS):
+            value, y = row[column], top + place * 13
+            if pd.isna(value):
+                continue
+            parts.append(
+                f'<rect x="{left}" y="{y}" width="{value * scale:.1f}" height="11" '
+                f'fill="{colour}" rx="2"><title>{label} {value:.3f}</title></rect>'
+            )
+            parts.append(_text(left + value * scale + 4, y + 10, f"{value:.2f}", 'font-size="10"'))
+        loss, diagnosis = row.get("retrieval_loss"), str(row["diagnosis"])
+        x = left + scale + 50
+        parts.append(
+            f'<circle cx="{x}" cy="{top + 18}" r="6" fill="{diagnosis_colour(diagnosis)}"/>'
+        )
+        shown = "" if pd.isna(loss) else f"  loss {loss:+.2f}"
+        parts.append(_text(x + 12, top + 22, diagnosis + shown))
+    for place, (_, label, colour) in enumerate(RUNS):
+        x = left + place * 120
+        parts.append(f'<rect x="{x}" y="4" width="10" height="10" fill="{colour}"/>')
+        parts.append(_text(x + 14, 13, label))
+    return _svg(
+        left + scale + 230, 36 + height * len(documents), parts, "control runs per document"
+    )
+
+
+def cutoff_chart(overall: pd.Series, k: int) -> str:
+    """Hit rate and MRR at each cutoff C <= k, as two lines over C."""
+    cutoffs, width, height, pad = cutoffs_for(k), 440, 260, 40
+    step = (width - 2 * pad) / max(len(cutoffs) - 1, 1)
+    bottom = height - pad
+    parts = [f'<line x1="{pad}" y1="{bottom}" x2="{width - pad}" y2="{bottom}" stroke="#8c959f"/>']
+    for line, (metric, colour) in enumerate((("hit_rate", "#3b6fb6"), ("mrr", "#e69f00"))):
+        points = []
+        for place, cutoff in enumerate(cutoffs):
+            value = float(overall[f"{metric}_at_{cutoff}"])
+            if value != value:  # NaN: nothing answered yet
+                continue
+            x, y = pad + place * step, bottom - value * (height - 2 * pad)
+            points.append(f"{x:.1f},{y:.1f}")
+            tip = f"<title>{metric} at {cutoff}: {value:.3f}</title>"
+            parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{colour}">{tip}</circle>')
+            parts.append(_text(x, y - 8, f"{value:.2f}", 'text-anchor="middle" font-size="10"'))
+        polyline = f'points="{" ".join(points)}" fill="none" stroke="{colour}" stroke-width="2"'
+        parts.append(f"<polyline {polyline}/>")
+        parts.append(
+            _text(width - pad + 6, 14 + 16 * line, metric.replace("_", " "), f'fill="{colour}"')
+        )
+    for place, cutoff in enumerate(cutoffs):
+        parts.append(_text(pad + place * step, bottom + 16, f"@{cutoff}", 'text-anchor="middle"'))
+    return _svg(width + 60, height, parts, "hit rate and MRR against the cutoff")
