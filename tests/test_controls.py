@@ -106,3 +106,9 @@ def test_resuming_with_another_context_or_k_is_refused_and_rag_cannot_take_a_con
     assert {row["answer"] for row in read_csv(tmp_path / "run" / "closed" / "answers.csv")} == {
         "I don't know."
     }
+
+
+def test_controls_refuse_a_users_rag_system(env: FakeOpenAI, tmp_path: Path) -> None:
+    refused = run_cli("run", "--chroma", "nowhere", "--rag", "my:rag", "--controls")
+    assert refused.exit_code == 1 and refused.output.count("\n") == 1
+    assert "without --rag" in refused.output and env.count() == 0
