@@ -21,6 +21,7 @@ def run_world(env: FakeOpenAI, tmp_path: Path, world: World) -> Path:
         "--embedding", "openai:fake-embed", "--k", "3",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
+    assert "completeness: gold context " in result.output and "retrieval loss" in result.output
     return tmp_path / "run"
 
 

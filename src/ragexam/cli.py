@@ -252,11 +252,14 @@ def stats(
     """Summarise per source document: summary_by_document.csv, summary.csv, report.html."""
     from rich.console import Console
 
+    from ragexam.controlcharts import control_line
     from ragexam.report import terminal_table
     from ragexam.stats import StatsOptions, run_stats
 
     result = run_stats(StatsOptions(out, k, seed, split, exclude_flagged))
     Console().print(terminal_table(result))
+    if line := control_line(result.overall):
+        say(line)
     say(f"report: {result.paths['report']}")
 
 

@@ -97,3 +97,12 @@ def cutoff_chart(overall: pd.Series, k: int) -> str:
     for place, cutoff in enumerate(cutoffs):
         parts.append(_text(pad + place * step, bottom + 16, f"@{cutoff}", 'text-anchor="middle"'))
     return _svg(width + 60, height, parts, "hit rate and MRR against the cutoff")
+
+
+def control_line(overall: pd.DataFrame) -> str | None:
+    """One terminal line of the control runs' overall figures; None without control runs."""
+    row = overall.iloc[0]
+    if not all(column in row for column, _, _ in RUNS):
+        return None
+    figures = ", ".join(f"{label} {row[column]:.2f}" for column, label, _ in RUNS)
+    return f"completeness: {figures}; retrieval loss {row['retrieval_loss']:.2f}"

@@ -18,38 +18,39 @@ from ragexam.errors import ConfigError
 SCORES = ("rank", "completeness", "conciseness", *CONTROL_RUNS.values())
 
 
-def _qa_column(path: Path, name: str, ids: pd.Series) -> pd.Series | None:
-    """One optional column of qa_dataset.csv, aligned to `ids`; None when the file lacks it."""
+def _qa_columns(path: Path, names: tuple[str, ...]) -> dict[str, pd.Series]:
+    """The optional columns of qa_dataset.csv that it has, in its row order, read in one pass.
+
+    load_questions keeps the file's row order and refuses repeated ids, so rows line up.
+    """
     header = pd.read_csv(path, nrows=0, encoding="utf-8-sig").columns
-    if name not in header:
-        return None
+    present = [name for name in names if name in header]
+    if not present:
+        return {}
     frame = pd.read_csv(
-        path, usecols=["qa_id", name], dtype=str, keep_default_na=False, encoding="utf-8-sig"
+        path, usecols=present, dtype=str, keep_default_na=False, encoding="utf-8-sig"
     )
-    values = frame.drop_duplicates("qa_id", keep="last").set_index("qa_id")[name]
-    return values.reindex(ids.to_numpy()).fillna("").reset_index(drop=True)
+    return {name: frame[name] for name in present}
 
 
 def select(
     questions: pd.DataFrame, qa_path: Path, split: str | None, exclude_flagged: bool
 ) -> pd.DataFrame:
     """The questions of `split` (all when None), marked `flagged`; those out of means if asked."""
+    columns = _qa_columns(qa_path, ("split", "flags"))
+    flags = columns.get("flags", pd.Series("", index=questions.index))
+    questions = questions.assign(flagged=(flags != "").to_numpy())
     if split is not None:
-        splits = _qa_column(qa_path, "split", questions["qa_id"])
-        if splits is None:
+        if "split" not in columns:
             raise ConfigError(f"{qa_path} has no split column: run generate with --split F first")
-        if not (splits == split).any():
-            found = ", ".join(sorted(set(splits) - {""})) or "none"
+        keep = (columns["split"] == split).to_numpy()
+        if not keep.any():
+            found = ", ".join(sorted(set(columns["split"]) - {""})) or "none"
             raise ConfigError(f"no question is in split {split!r}; the splits are: {found}")
-        keep = (splits == split).to_numpy()
         questions = questions[keep].reset_index(drop=True)
-        documents = questions["document"].cat.remove_unused_categories()
-        questions = questions.assign(document=documents)
-    flags = _qa_column(qa_path, "flags", questions["qa_id"])
-    flagged = np.zeros(len(questions), bool) if flags is None else (flags != "").to_numpy()
-    questions = questions.assign(flagged=flagged)
+        questions["document"] = questions["document"].cat.remove_unused_categories()
     if exclude_flagged:
-        questions = _exclude(questions, flagged)
+        questions = _exclude(questions, questions["flagged"].to_numpy())
     return questions
 
 
