@@ -193,8 +193,7 @@ class RagSystem(ABC):
             "model": self.model,
             "prompt": {"answer": self.prompt_hash},
             "rag": self.name,
-            "k": self.k,
-            "context": self.context.value,
+            **self.fixed(),
             "store": options.store.describe() if options.store else None,
             "collection": collection.name if collection is not None else None,
             "qa_dataset": str(options.qa_path or options.out / QA_FILE),
@@ -271,12 +270,6 @@ class BuiltinRag(RagSystem):
         reply = await self.llm.text(self.prompt.template.format_messages(**values))
         rank = rank_of(question.chunk_id, source_text, hits)
         return {**answer_row(reply.value, hits, rank), **reply.cost()}
-
-    def manifest(
-        self, settings: Settings, options: AnswerOptions, collection: Any
-    ) -> dict[str, Any]:
-        """Adds the embedding used for queries."""
-        return {**super().manifest(settings, options, collection), "embedding": self.embedding}
 
     def figures(self) -> dict[str, Any]:
         """Chat calls made."""

@@ -147,12 +147,12 @@ class Runner:
         return set(ok)
 
     def _check_fingerprint(self, ok: dict[str, Mapping[str, Any]]) -> None:
-        stale = [key for key, row in ok.items() if self._differs(row)]
+        ours = self._fingerprint(None)
+        stale = [key for key, row in ok.items() if self._fingerprint(row) != ours]
         if not stale:
             return
         if not self.force:
-            row = ok[stale[0]]
-            theirs, ours = self._fingerprint(row), self._fingerprint(None)
+            theirs = self._fingerprint(ok[stale[0]])
             names = [name for name in ours if theirs[name] != ours[name]]
             what = "model or prompt" if {"model", "prompt"} & set(names) else " or ".join(names)
             was = ", ".join(f"{name} {theirs[name]!r}" for name in names)
@@ -172,9 +172,6 @@ class Runner:
             return mine | {name: _cell(value) for name, value in self.stage.fixed.items()}
         theirs = {"model": row.get("model"), "prompt": row.get("prompt_hash")}
         return theirs | {name: row.get(name) or "" for name in self.stage.fixed}
-
-    def _differs(self, row: Mapping[str, Any]) -> bool:
-        return self._fingerprint(row) != self._fingerprint(None)
 
     async def run(self, tasks: Iterable[Task] | AsyncIterator[Task], work: Work) -> Outcome:
         """Do every task not yet `ok`, `concurrency` at a time, writing rows as they land."""

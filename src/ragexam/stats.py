@@ -292,8 +292,9 @@ def _columns(questions: pd.DataFrame, groups: IntArray, n: int, k: int, ci: CI) 
         with np.errstate(invalid="ignore", divide="ignore"):
             columns[f"{name}_mean"] = np.bincount(groups[judged], values, n) / columns["n_judged"]
         columns[f"{name}_ci_low"], columns[f"{name}_ci_high"] = ci(groups[judged], values, n)
-    columns.update(_retrieval(groups[answered], rank_index(questions, k)[answered], n, k, ci))
-    columns.update(cutoff_columns(groups[answered], rank_index(questions, k)[answered], n, k))
+    ranks = rank_index(questions, k)[answered]
+    columns.update(_retrieval(groups[answered], ranks, n, k, ci))
+    columns.update(cutoff_columns(groups[answered], ranks, n, k))
     completeness, conciseness = columns["completeness_mean"], columns["conciseness_mean"]
     columns.update(control_means(questions, groups, n, completeness))
     diagnosis = diagnose(completeness, conciseness, columns["hit_rate"], columns["n_judged"])

@@ -171,9 +171,10 @@ def iter_chunks(
         ids = page["ids"]
         if offset == 0 and doc_key:
             _check_doc_key(page["metadatas"] or [], doc_key)
+        texts_of_page = page["documents"] or [""] * len(ids)
         for index, chunk_id in enumerate(ids):
             metadata = (page["metadatas"] or [])[index] or {}
-            text = (page["documents"] or [""] * len(ids))[index] or ""
+            text = texts_of_page[index] or ""
             yield Chunk(chunk_id, text, document_of(metadata, doc_key), metadata)
         if len(ids) < page_size:
             return
