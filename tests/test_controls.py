@@ -12,13 +12,13 @@ from world import World
 from ragexam.csvfile import read_rows
 
 
-def run_world(env: FakeOpenAI, tmp_path: Path, world: World) -> Path:
+def run_world(env: FakeOpenAI, tmp_path: Path, world: World, *extra: str) -> Path:
     """`ragexam run --controls` over the world's store; the run folder."""
     env.responder, env.embed = world.respond, world.embed
     store = world.build_store(tmp_path / "store")
     result = run_cli(
         "run", "--chroma", str(store), "--out", "run", "--controls",
-        "--embedding", "openai:fake-embed", "--k", "3",
+        "--embedding", "openai:fake-embed", "--k", "3", *extra,
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "completeness: gold context " in result.output and "retrieval loss" in result.output
@@ -71,10 +71,11 @@ def test_gold_and_closed_book_bracket_the_rag_run_and_measure_retrieval_loss(
 def test_a_document_answered_closed_book_is_prior_knowledge(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:
-    world = World({"famous.md": 3, "found.md": 3, "missed.md": 3}, {"missed.md"}, {"famous.md"})
-    rows = summary(run_world(env, tmp_path, world))
+    world = World({"famous.md": 4, "found.md": 3, "missed.md": 3}, {"missed.md"}, {"famous.md"})
+    rows = summary(run_world(env, tmp_path, world, "--sample", "9"))  # 3 of each document
     assert float(rows["famous.md"]["completeness_closed_book"]) == 1.0
     assert rows["famous.md"]["diagnosis"] == "prior_knowledge"
+    assert {rows[name]["questions"] for name in ("famous.md", "found.md", "missed.md")} == {"3"}
     assert rows["missed.md"]["diagnosis"] == "retrieval"
     assert rows["found.md"]["diagnosis"] == "ok"
     assert float(rows["ALL"]["completeness_closed_book"]) == pytest.approx(3 / 9)

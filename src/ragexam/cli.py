@@ -301,6 +301,11 @@ def run(
     structured_output: MethodOpt = None,
     force: ForceOpt = False,
     controls: ControlsOpt = False,
+    sample: SampleOpt = None,
+    per_document: PerDocumentOpt = None,
+    seed: SampleSeedOpt = 0,
+    split: SplitOpt = None,
+    check: CheckOpt = False,
 ) -> None:
     """Run every stage in order: generate, answer, judge, stats."""
     if controls and rag:
@@ -320,6 +325,11 @@ def run(
         max_error_rate=max_error_rate,
         structured_output=structured_output,
         force=force,
+        sample=sample,
+        per_document=per_document,
+        seed=seed,
+        split=split,
+        check=check,
     )
     answer(
         chroma=chroma,
