@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import read_csv, run_cli
 from openai_server import FakeOpenAI
 from world import World
 
+from ragexam.controlruns import measured_diagnosis
 from ragexam.csvfile import read_rows
 
 
@@ -114,3 +116,23 @@ def test_controls_refuse_a_users_rag_system(env: FakeOpenAI, tmp_path: Path) -> 
     refused = run_cli("run", "--chroma", "nowhere", "--rag", "my:rag", "--controls")
     assert refused.exit_code == 1 and refused.output.count("\n") == 1
     assert "without --rag" in refused.output and env.count() == 0
+
+
+def test_measured_diagnosis_first_match_wins() -> None:
+    # columns: closed-book, gold, RAG completeness, conciseness < 0.6, threshold diagnosis
+    cases = [
+        (0.6, 0.5, 0.1, True, "retrieval", "prior_knowledge"),  # closed book >= 0.6 first
+        (0.1, 0.59, 0.1, True, "retrieval", "generation"),  # then gold < 0.6
+        (0.1, 1.0, 0.8, True, "ok", "retrieval"),  # then a loss of 0.2 (1.0 - 0.8, in floats less)
+        (0.1, 0.9, 0.71, True, "ok", "too much context"),  # loss 0.19: then conciseness
+        (0.1, 0.9, 0.71, False, "retrieval", "ok"),
+        (np.nan, 0.9, 0.7, False, "generation", "generation"),  # no closed-book figure
+        (0.1, 0.9, np.nan, False, "not judged", "not judged"),
+    ]
+    closed, gold, rag, low, fallback, expected = (
+        np.array(column) for column in zip(*cases, strict=True)
+    )
+    columns = {"completeness_gold": gold, "completeness_closed_book": closed}
+    columns["retrieval_loss"] = gold - rag
+    assert list(measured_diagnosis(columns, fallback, low)) == list(expected)
+    assert list(measured_diagnosis({}, fallback, low)) == list(fallback)  # no control runs

@@ -50,15 +50,14 @@ def measured_diagnosis(
     """
     if not all(name in columns for name in CONTROL_RUNS.values()):
         return fallback
-    gold, closed = columns["completeness_gold"], columns["completeness_closed_book"]
-    cases = [
-        closed >= PRIOR_KNOWLEDGE,
-        gold < LOW_GOLD,
-        columns["retrieval_loss"] >= RETRIEVAL_LOSS,
-        low_conciseness,
-    ]
+    # Rounded so that a mean meant as 0.2 (1.0 - 0.8 = 0.19999999999999996) meets its threshold.
+    gold, closed, loss = (
+        np.round(columns[name], 9)
+        for name in ("completeness_gold", "completeness_closed_book", "retrieval_loss")
+    )
+    cases = [closed >= PRIOR_KNOWLEDGE, gold < LOW_GOLD, loss >= RETRIEVAL_LOSS, low_conciseness]
     measured = np.select(
         cases, ["prior_knowledge", "generation", "retrieval", "too much context"], "ok"
     )
-    usable = ~np.isnan(gold) & ~np.isnan(closed) & ~np.isnan(columns["retrieval_loss"])
+    usable = ~np.isnan(gold) & ~np.isnan(closed) & ~np.isnan(loss)
     return np.where(usable & (fallback != "not judged"), measured, fallback)
