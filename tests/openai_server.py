@@ -42,6 +42,27 @@ class Faults:
     status_if: Callable[[str], int | None] | None = None
 
 
+# What llama-cpp-python's server answers (HTTP 500) to a json_schema response_format.
+LLAMA_CPP_JSON_SCHEMA_ERROR = (
+    "[{'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), 'msg': \"Input "
+    "should be 'text' or 'json_object'\", 'input': 'json_schema', 'ctx': {'expected': "
+    "\"'text' or 'json_object'\"}}]"
+)
+ENDLESS_WORDS = 4096  # what a reply without max_tokens runs to, after hang_seconds
+
+
+@dataclass
+class Quirks:
+    """Behaviours of real servers (llama.cpp and proxies) that ragexam must cope with."""
+
+    json_schema_status: int | None = None  # refuse json_schema response_format with this status
+    json_schema_message: str = LLAMA_CPP_JSON_SCHEMA_ERROR
+    drop_system: bool = False  # chat templates (gemma) that drop system messages
+    endless_without_max_tokens: bool = False  # no max_tokens: generate until the context is full
+    models: list[str] | None = None  # what GET /v1/models lists; None: 404, as without a list
+    per_token_embeddings: bool = False  # llama.cpp without pooling: one vector per token
+
+
 @dataclass
 class Reply:
     """What a chat completion answers: assistant text or tool arguments, or an HTTP error."""
@@ -88,6 +109,8 @@ class FakeOpenAI:
         self.embedding_dim = embedding_dim
         self.api_key = api_key
         self.faults = Faults()
+        self.quirks = Quirks()
+        self.listings: list[Recorded] = []  # GET /v1/models, kept apart from the API calls
         self.responder: Callable[[JSON], Reply | None] | None = None
         self.embed: Callable[[str], list[float]] | None = None
         self.requests: list[Recorded] = []
@@ -150,7 +173,9 @@ class FakeOpenAI:
             self.requests.clear()
             self._attempts.clear()
             self._faulted.clear()
+            self.listings.clear()
         self.faults = Faults()
+        self.quirks = Quirks()
         self.responder = None
         self.embed = None
         self.latency = 0.0
@@ -161,7 +186,7 @@ class FakeOpenAI:
         """Answer one request and record it; None means the server is stopping: send nothing."""
         rec = Recorded(path=path, body=_parse_json(raw), headers=headers)
         with self._lock:
-            self.requests.append(rec)
+            (self.listings if method == "GET" else self.requests).append(rec)
         try:
             out = self._route(method, rec)
         except Exception as exc:  # a broken responder/embed should fail the test, not hang it
@@ -175,9 +200,12 @@ class FakeOpenAI:
         if self.api_key is not None and token != self.api_key:
             # The key is echoed verbatim, as OpenAI does, so tests can check clients redact it.
             return _error(401, f"Incorrect API key provided: {token}.")
-        if method == "GET" and rec.path == "/v1/models":
-            card = {"id": MODEL, "object": "model", "created": 0, "owned_by": "ragexam-tests"}
-            return _Out(200, {"object": "list", "data": [card]})
+        if method == "GET" and rec.path == "/v1/models" and self.quirks.models is not None:
+            cards = [
+                {"id": name, "object": "model", "created": 0, "owned_by": "ragexam-tests"}
+                for name in self.quirks.models
+            ]
+            return _Out(200, {"object": "list", "data": cards})
         if method != "POST" or rec.path not in ("/v1/chat/completions", "/v1/embeddings"):
             return _error(404, f"Unknown request URL: {method} {rec.path}")
         if not isinstance(rec.body, dict):
@@ -189,6 +217,12 @@ class FakeOpenAI:
         return self._embeddings(rec.body, rec)
 
     def _chat(self, body: JSON, rec: Recorded) -> _Out:
+        status = self.quirks.json_schema_status
+        if status is not None and (body.get("response_format") or {}).get("type") == "json_schema":
+            return _error(status, self.quirks.json_schema_message)
+        if self.quirks.drop_system:  # the model never sees them, nor are they counted
+            kept = [m for m in body.get("messages") or [] if m.get("role") != "system"]
+            body = {**body, "messages": kept}
         messages = body.get("messages") or []
         failure = self._inject(rec, _messages_text(messages), _body_key(messages), chat=True)
         if failure is not None:
@@ -196,7 +230,19 @@ class FakeOpenAI:
         reply = (self.responder(body) if self.responder else None) or _default_reply(body)
         if reply.status != 200:
             return _error(reply.status, reply.error_message or "error", headers=reply.headers)
-        return _Out(200, _completion(body, _spoil(reply, rec.fault)), dict(reply.headers))
+        reply = self._bounded(body, _spoil(reply, rec.fault))
+        return _Out(200, _completion(body, reply), dict(reply.headers))
+
+    def _bounded(self, body: JSON, reply: Reply) -> Reply:
+        """Honour max_tokens (as words); without it an endless server runs to its context."""
+        if self.quirks.endless_without_max_tokens and body.get("max_tokens") is None:
+            self._stopping.wait(self.faults.hang_seconds)  # only max_tokens counts, as llama.cpp
+            return replace(reply, content="word " * ENDLESS_WORDS, finish_reason="length")
+        limit = body.get("max_tokens") or body.get("max_completion_tokens")
+        if isinstance(limit, int) and reply.content and _word_count(reply.content) > limit:
+            cut = " ".join(reply.content.split()[:limit])
+            return replace(reply, content=cut, finish_reason="length")
+        return reply
 
     def _embeddings(self, body: JSON, rec: Recorded) -> _Out:
         texts = _embedding_inputs(body.get("input"))
@@ -211,6 +257,9 @@ class FakeOpenAI:
             {"object": "embedding", "index": i, "embedding": _encode(embed(text), b64)}
             for i, text in enumerate(texts)
         ]
+        if self.quirks.per_token_embeddings:  # llama.cpp without pooling: a vector per token
+            for item, text in zip(data, texts, strict=True):
+                item["embedding"] = [list(map(float, embed(word))) for word in text.split()]
         tokens = _word_count(" ".join(texts))
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         return _Out(200, {"object": "list", "data": data, "model": _model(body), "usage": usage})

@@ -118,7 +118,9 @@ def test_an_out_of_range_grade_is_retried_then_an_error_never_a_clamp(
     assert "1.7" in bad["raw_reply"] and bad["attempts"] == "3"
     asked = [r.body for r in env.requests if number(r.body, "Question") == 7]
     assert len(asked) == 3  # one call and two retries
-    assert "That reply was invalid" in json.dumps(asked[1]["messages"])  # the error is fed back
+    note = "Your previous reply to this was invalid: the reply failed validation: completeness"
+    assert note in asked[1]["messages"][-1]["content"]  # the error is fed back, in one note
+    assert len(asked[2]["messages"]) == len(asked[0]["messages"])  # on the original conversation
     assert {row["completeness"] for row in rows.values()} == {"0.6"}
 
 

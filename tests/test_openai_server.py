@@ -256,6 +256,7 @@ def test_wrong_key_is_echoed_in_401() -> None:
 
 
 def test_models_404_400_and_streaming(fake_llm: FakeOpenAI, sdk: openai.OpenAI) -> None:
+    fake_llm.quirks.models = ["fake-model"]
     assert [m.id for m in sdk.models.list()] == ["fake-model"]
     with pytest.raises(openai.NotFoundError):
         sdk.post("/nowhere", cast_to=object, body={})

@@ -231,7 +231,9 @@ class BuiltinRag(RagSystem):
         self.embedding = self.retriever.embedder.name
         self.ready: dict[str, list[list[Hit]]] = {}  # hits of batches retrieved in advance
         self.prompt: Prompt = load_prompt("answer", settings.prompts_dir)
-        self.llm = LLM(settings, settings.model_for("answer"))
+        self.llm = LLM(
+            settings, settings.model_for("answer"), max_tokens=settings.max_tokens_for("answer")
+        )
         self.model, self.prompt_hash = self.llm.model, self.prompt.hash
 
     async def prepare(self, batch: list[Question]) -> list[Any]:

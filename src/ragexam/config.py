@@ -31,6 +31,18 @@ class StructuredMethod(StrEnum):
     prompt = "prompt"  # no server support needed: the schema is in the prompt, the reply parsed
 
 
+class SystemRole(StrEnum):
+    """Where the prompts' system text goes: a system message, or the first user message."""
+
+    system = "system"
+    user = "user"
+
+
+# Every call carries a bound on its reply, so a server without one cannot run until its
+# context is full; RAGEXAM_MAX_TOKENS overrides these.
+STAGE_MAX_TOKENS: dict[Stage, int] = {"generate": 1024, "answer": 1024, "judge": 2048}
+
+
 class Scale(StrEnum):
     """How the judge grades: floats 0..1, or integers 0..10 stored divided by 10."""
 
@@ -85,6 +97,17 @@ class Settings(BaseSettings):
     max_error_rate: float = Field(
         0.05, ge=0, le=1, validation_alias=AliasChoices("max_error_rate", "RAGEXAM_MAX_ERROR_RATE")
     )
+
+    max_tokens: int | None = Field(
+        None, ge=1, validation_alias=AliasChoices("max_tokens", "RAGEXAM_MAX_TOKENS")
+    )
+    system_prompt: SystemRole = Field(
+        SystemRole.system, validation_alias=AliasChoices("system_prompt", "RAGEXAM_SYSTEM_PROMPT")
+    )
+
+    def max_tokens_for(self, stage: Stage) -> int:
+        """The bound on one reply of a stage: RAGEXAM_MAX_TOKENS, else the stage's default."""
+        return self.max_tokens or STAGE_MAX_TOKENS[stage]
 
     def model_for(self, stage: Stage) -> str:
         """The model a stage uses: its own variable if set, else RAGEXAM_MODEL."""

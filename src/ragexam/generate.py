@@ -91,7 +91,11 @@ class GeneratePlan:
         self.options, self.collection = options, collection
         self.prompt: Prompt = load_prompt("generate", settings.prompts_dir)
         self.critic = load_prompt("critic", settings.prompts_dir) if options.check else None
-        self.llm = LLM(settings, settings.model_for("generate"))
+        self.llm = LLM(
+            settings,
+            settings.model_for("generate"),
+            max_tokens=settings.max_tokens_for("generate"),
+        )
         self.seen: set[str] = set()  # normalised questions written so far, for duplicates
 
     def tasks(self, done: set[str]) -> tuple[int, Iterator[Task]]:

@@ -157,7 +157,12 @@ class JudgePlan:
         default = 0.0 if options.samples == 1 else 0.7  # several samples need some variety
         self.temperature = default if options.temperature is None else options.temperature
         self.prompt: Prompt = load_prompt("judge", settings.prompts_dir)
-        self.llm = LLM(settings, settings.model_for("judge"), temperature=self.temperature)
+        self.llm = LLM(
+            settings,
+            settings.model_for("judge"),
+            temperature=self.temperature,
+            max_tokens=settings.max_tokens_for("judge"),
+        )
 
     def tasks(self, done: set[str]) -> tuple[int, Iterator[Task]]:
         """The answers not yet judged."""

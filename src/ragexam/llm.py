@@ -4,13 +4,16 @@ Retries live here and only here: the openai SDK runs with max_retries=0, so the 
 HTTP calls per row is at most `max_retries + 1`, whatever fails. 429, 5xx, timeouts,
 connection errors and invalid output are retried with backoff; `Retry-After` is honoured
 and pauses every worker, not just the one that was told. 400, 401, 403 and 404 are not
-retried, except that a 400 saying the structured-output method is unsupported switches to
-the next method (json_schema or function_calling, then json_mode, then prompt).
+retried, except that a refusal of any status naming the structured-output method's fields
+switches to the next method (json_schema or function_calling, then json_mode, then prompt)
+and retries without using up a retry (see structured.MethodChoice). Every call is bounded
+by max_tokens.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -23,9 +26,20 @@ from langchain_core.runnables import Runnable
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
 
-from ragexam.config import Settings, StructuredMethod
+from ragexam.catalog import check_model
+from ragexam.config import Settings, StructuredMethod, SystemRole
 from ragexam.errors import AuthError, LLMError, OutputError
-from ragexam.structured import content_of, parse_structured, reask, with_schema
+from ragexam.prompts import system_as_user
+from ragexam.structured import (
+    CUT_OFF,
+    MethodChoice,
+    MethodRefused,
+    content_of,
+    output_error,
+    parse_structured,
+    reask,
+    with_schema,
+)
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
@@ -38,12 +52,6 @@ RETRYABLE = (
     openai.ConflictError,
     OutputError,
 )
-DOWNGRADE = {
-    StructuredMethod.json_schema: StructuredMethod.json_mode,
-    StructuredMethod.function_calling: StructuredMethod.json_mode,
-    StructuredMethod.json_mode: StructuredMethod.prompt,
-}
-UNSUPPORTED_HINTS = ("response_format", "json_schema", "json_object", "tool", "function")
 MAX_RETRY_AFTER = 120.0
 
 
@@ -88,8 +96,16 @@ class RateGate:
 class LLM:
     """One chat model for one stage, with its retry policy and running totals."""
 
-    def __init__(self, settings: Settings, model: str, *, temperature: float | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        model: str,
+        *,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+    ) -> None:
         self.model = model
+        self.max_tokens = max_tokens or settings.max_tokens_for("answer")
         self.chat = ChatOpenAI(
             model=model,
             api_key=settings.api_key(),
@@ -100,8 +116,11 @@ class LLM:
             # Our own client: langchain-openai's shared default is bound to the first event
             # loop, and would break the next stage's asyncio.run in the same process.
             http_async_client=openai.DefaultAsyncHttpxClient(),
+            **token_bound(settings.openai_base_url, self.max_tokens),
         )
-        self.method = settings.structured_output
+        self.choice = MethodChoice(settings.structured_output)
+        self.system_as_user = settings.system_prompt == SystemRole.user
+        self._model_checked = False
         self.max_retries = settings.max_retries
         self.backoff = settings.retry_backoff
         self.redact = settings.redact
@@ -116,41 +135,63 @@ class LLM:
         if client is not None:
             await client.aclose()
 
+    @property
+    def method(self) -> StructuredMethod:
+        """The structured-output method in use now."""
+        return self.choice.method
+
     async def structured(self, messages: list[BaseMessage], schema: type[M]) -> Reply[M]:
-        """Ask for an instance of `schema`; invalid replies are re-asked with the error."""
+        """Ask for an instance of `schema`; invalid replies are re-asked with the reason."""
         conversation = list(messages)
 
         async def once() -> tuple[M, AIMessage]:
-            runnable = self._structured_runnable(schema)
-            raw = await runnable.ainvoke(with_schema(conversation, schema, self.method))
+            async with self.choice.attempt() as method:
+                runnable = self._structured_runnable(schema, method)
+                raw = await runnable.ainvoke(self._shape(with_schema(conversation, schema, method)))
             assert isinstance(raw, AIMessage)
             try:
                 return parse_structured(raw, schema), raw
             except OutputError as exc:
-                conversation[len(messages) :] = reask(raw, exc)
+                conversation[:] = reask(messages, exc)
                 raise
 
         return await self._retrying(once)
 
     async def text(self, messages: list[BaseMessage]) -> Reply[str]:
-        """Ask for plain text."""
+        """Ask for plain text; a reply cut off at max_tokens is re-asked, shorter."""
+        conversation = list(messages)
 
         async def once() -> tuple[str, AIMessage]:
-            raw = await self.chat.ainvoke(messages)
+            raw = await self.chat.ainvoke(self._shape(conversation))
             assert isinstance(raw, AIMessage)
             if raw.response_metadata.get("finish_reason") == "length":
-                raise OutputError("the reply was cut off (finish_reason=length)")
+                exc = output_error(CUT_OFF, raw)
+                conversation[:] = reask(messages, exc)
+                raise exc
             return content_of(raw), raw
 
         return await self._retrying(once)
 
-    def _structured_runnable(self, schema: type[BaseModel]) -> Runnable[Any, Any]:
-        key = (schema, self.method)
+    def _shape(self, messages: list[BaseMessage]) -> list[BaseMessage]:
+        return system_as_user(messages) if self.system_as_user else messages
+
+    async def _check_model(self) -> None:
+        """Before the first call: warn when the endpoint lists models, but not this one."""
+        if not self._model_checked:
+            self._model_checked = True  # set first: concurrent first calls check only once
+            await check_model(self.chat.root_async_client, self.model)
+
+    def _structured_runnable(
+        self, schema: type[BaseModel], method: StructuredMethod
+    ) -> Runnable[Any, Any]:
+        key = (schema, method)
         if key not in self._runnables:  # built once per schema and method, not per call
-            self._runnables[key] = self._build_runnable(schema)
+            self._runnables[key] = self._build_runnable(schema, method)
         return self._runnables[key]
 
-    def _build_runnable(self, schema: type[BaseModel]) -> Runnable[Any, Any]:
+    def _build_runnable(
+        self, schema: type[BaseModel], method: StructuredMethod
+    ) -> Runnable[Any, Any]:
         """The chat model bound to the method's request fields; replies are parsed by us.
 
         Binding directly, rather than through with_structured_output(include_raw=True), keeps
@@ -158,23 +199,30 @@ class LLM:
         goes in extra_body: as a top-level field it sends the call through the SDK's parse()
         path, ~1 ms more per call, for parsing we do not use.
         """
-        if self.method == StructuredMethod.prompt:
+        if method == StructuredMethod.prompt:
             return self.chat
-        if self.method == StructuredMethod.function_calling:
+        if method == StructuredMethod.function_calling:
             return self.chat.bind_tools([schema], tool_choice=schema.__name__)
-        if self.method == StructuredMethod.json_mode:
-            return self.chat.bind(extra_body={"response_format": {"type": "json_object"}})
+        extra = dict(self.chat.extra_body or {})  # a bound extra_body replaces the model's
+        if method == StructuredMethod.json_mode:
+            return self.chat.bind(extra_body={**extra, "response_format": {"type": "json_object"}})
         spec = {"name": schema.__name__, "schema": schema.model_json_schema()}
         format_ = {"type": "json_schema", "json_schema": spec}
-        return self.chat.bind(extra_body={"response_format": format_})
+        return self.chat.bind(extra_body={**extra, "response_format": format_})
 
     async def _retrying(self, once: Callable[[], Awaitable[tuple[T, AIMessage]]]) -> Reply[T]:
         started, tokens, reason, raw_text = time.monotonic(), [0, 0], "no attempt made", None
-        for attempt in range(1, self.max_retries + 2):
+        await self._check_model()
+        attempt = 0
+        while attempt <= self.max_retries:
+            attempt += 1
             await self.gate.wait()
             self.calls += 1
             try:
                 value, raw = await once()
+            except MethodRefused as exc:
+                reason, attempt = self.redact(str(exc)), attempt - 1  # the next method, for free
+                continue
             except Exception as exc:
                 self._count(tokens, getattr(exc, "raw_message", None))
                 reason, delay = self._failure(exc, attempt, tokens)
@@ -206,8 +254,6 @@ class LLM:
         reason = self.redact(describe(exc))
         if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
             raise AuthError(f"the endpoint refused the API key: {reason}") from None
-        if isinstance(exc, openai.BadRequestError) and self._downgrade(reason):
-            return reason, 0.0
         if not isinstance(exc, RETRYABLE):
             if isinstance(exc, openai.APIError):
                 raise LLMError(reason, attempts=attempt, tokens=(tokens[0], tokens[1])) from None
@@ -217,13 +263,6 @@ class LLM:
             self.gate.hold(waited)  # the server said how long: everyone waits
             return reason, 0.0
         return reason, self.backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1.0)
-
-    def _downgrade(self, reason: str) -> bool:
-        lowered = reason.lower()
-        if self.method in DOWNGRADE and any(hint in lowered for hint in UNSUPPORTED_HINTS):
-            self.method = DOWNGRADE[self.method]
-            return True
-        return False
 
 
 def describe(exc: BaseException) -> str:
@@ -237,7 +276,7 @@ def describe(exc: BaseException) -> str:
     elif isinstance(exc, openai.APITimeoutError):
         text = "the call timed out (RAGEXAM_TIMEOUT)"
     elif isinstance(exc, openai.APIConnectionError):
-        text = f"cannot connect to the endpoint: {exc.__cause__ or exc}"
+        text = f"cannot connect to the endpoint: {root_cause(exc)}"
     else:
         text = str(exc) or type(exc).__name__
     return " ".join(text.split())[:500]
@@ -257,3 +296,24 @@ def retry_after(exc: BaseException) -> float | None:
             except ValueError:
                 continue  # an HTTP date: rare from LLM servers, fall back to backoff
     return None
+
+
+def root_cause(exc: BaseException) -> str:
+    """The innermost cause of a connection error: "Connection refused", not "Connection error."."""
+    inner: BaseException = exc
+    while (nested := inner.__cause__ or inner.__context__) is not None:
+        inner = nested
+    if isinstance(inner, OSError) and inner.errno:
+        return f"{os.strerror(inner.errno)} ({inner.strerror or inner})"
+    return str(inner) or str(exc.__cause__ or exc)
+
+
+def token_bound(base_url: str | None, max_tokens: int) -> dict[str, Any]:
+    """ChatOpenAI's arguments that bound a reply, in the field the endpoint reads.
+
+    OpenAI itself wants max_completion_tokens (langchain-openai sends it for `max_tokens`) and
+    refuses both fields together; llama.cpp's and other servers read only max_tokens.
+    """
+    if base_url is None or "api.openai.com" in base_url:
+        return {"max_tokens": max_tokens}
+    return {"extra_body": {"max_tokens": max_tokens}}

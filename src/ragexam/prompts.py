@@ -9,6 +9,7 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
+from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 from langchain_core.prompts import ChatPromptTemplate
 from pydantic import BaseModel, ValidationError, model_validator
 
@@ -76,6 +77,18 @@ def context_block(texts: list[str]) -> Delimited:
         for rank, text in enumerate(texts, start=1)
     )
     return Delimited("\n".join(blocks))
+
+
+def system_as_user(messages: list[BaseMessage]) -> list[BaseMessage]:
+    """The system text moved to the head of the first user message (RAGEXAM_SYSTEM_PROMPT=user)."""
+    # Some chat templates (llama-cpp-python's gemma format) silently drop system messages.
+    system = [str(m.content) for m in messages if isinstance(m, SystemMessage)]
+    rest = [m for m in messages if not isinstance(m, SystemMessage)]
+    first = next((i for i, m in enumerate(rest) if isinstance(m, HumanMessage)), None)
+    if not system or first is None:
+        return messages
+    merged = HumanMessage(content="\n\n".join([*system, str(rest[first].content)]))
+    return [*rest[:first], merged, *rest[first + 1 :]]
 
 
 def _fields(template: str) -> set[str]:

@@ -1,17 +1,22 @@
 """Structured output: read a model's reply as a validated pydantic object, or say why not.
 
 Replies are parsed tolerantly (a tool call, or the first JSON object in the text, code fences
-and prose around it allowed), then validated. An invalid reply is shown back to the model
-with the reason (instructor-style re-ask); a server that cannot take the schema gets it in the
-prompt instead.
+and prose around it allowed, raw newlines inside strings too), then validated. An invalid reply
+is re-asked with the original conversation and one short note saying why (instructor-style,
+without growing the prompt); a server that cannot take the schema gets it in the prompt instead.
+Which method a stage uses is settled by its first call, and switched once per refusal.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import cache
 from typing import Any, TypeVar
 
+import openai
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from pydantic import BaseModel, ValidationError
 
@@ -19,12 +24,13 @@ from ragexam.config import StructuredMethod
 from ragexam.errors import OutputError
 
 M = TypeVar("M", bound=BaseModel)
+CUT_OFF = "the reply was cut off at max_tokens (finish_reason=length)"
 
 
 def parse_structured(raw: AIMessage, schema: type[M]) -> M:
     """Validate a reply against `schema`, from a tool call or from JSON in the text."""
     if raw.response_metadata.get("finish_reason") == "length":
-        raise _output_error("the reply was cut off (finish_reason=length)", raw)
+        raise output_error(CUT_OFF, raw)
     if raw.tool_calls:
         candidate: Any = raw.tool_calls[0]["args"]
     elif raw.invalid_tool_calls:
@@ -37,25 +43,37 @@ def parse_structured(raw: AIMessage, schema: type[M]) -> M:
         problems = "; ".join(
             f"{'.'.join(map(str, e['loc'])) or 'reply'}: {e['msg']}" for e in exc.errors()
         )
-        raise _output_error(f"the reply failed validation: {problems}", raw) from None
+        raise output_error(f"the reply failed validation: {problems}", raw) from None
 
 
 def tolerant_json(text: str, raw: AIMessage | None = None) -> Any:
     """The first JSON object in text, allowing code fences and prose around it."""
     start = text.find("{")
     if start < 0:
-        raise _output_error("the reply holds no JSON object", raw)
+        raise output_error("the reply holds no JSON object", raw)
     try:
-        value, _ = json.JSONDecoder().raw_decode(text, start)
+        # strict=False: small models write raw newlines inside JSON strings.
+        value, _ = json.JSONDecoder(strict=False).raw_decode(text, start)
     except json.JSONDecodeError as exc:
-        raise _output_error(f"the reply is not valid JSON ({exc.msg})", raw) from None
+        raise output_error(f"the reply is not valid JSON ({exc.msg})", raw) from None
     return value
 
 
-def _output_error(reason: str, raw: AIMessage | None) -> OutputError:
-    error = OutputError(reason, raw=content_of(raw) if raw is not None else None)
+def output_error(reason: str, raw: AIMessage | None) -> OutputError:
+    """An invalid reply: it keeps what the model sent, and the message (for its token usage)."""
+    error = OutputError(reason, raw=shown(raw) if raw is not None else None)
     error.raw_message = raw  # type: ignore[attr-defined]
     return error
+
+
+def shown(raw: AIMessage) -> str:
+    """What the model sent: its text, else its tool-call arguments."""
+    text = content_of(raw)
+    if text or not (raw.tool_calls or raw.invalid_tool_calls):
+        return text
+    if raw.tool_calls:
+        return json.dumps([call["args"] for call in raw.tool_calls])
+    return "".join(str(call.get("args") or "") for call in raw.invalid_tool_calls)
 
 
 def content_of(raw: AIMessage) -> str:
@@ -65,13 +83,27 @@ def content_of(raw: AIMessage) -> str:
     return "".join(part if isinstance(part, str) else str(part.get("text", "")) for part in content)
 
 
-def reask(raw: AIMessage, exc: OutputError) -> list[BaseMessage]:
-    """Messages that show the model its invalid reply and ask again (instructor-style)."""
-    shown = content_of(raw) or json.dumps([call["args"] for call in raw.tool_calls])
-    return [
-        AIMessage(content=shown[:4000]),
-        HumanMessage(content=f"That reply was invalid: {exc.reason}. Reply again, correctly."),
-    ]
+def reask(messages: list[BaseMessage], exc: OutputError) -> list[BaseMessage]:
+    """The original conversation, its last user message ending with one short note on why.
+
+    The invalid reply is not echoed: a cut-off one would make every re-ask longer, and a
+    second user message in a row breaks chat templates that insist on alternating roles.
+    """
+    if CUT_OFF in exc.reason:
+        note = "Your previous reply to this was cut off at the length limit. Reply again, shorter."
+    else:
+        note = (
+            f"Your previous reply to this was invalid: {exc.reason[:300]}. Reply again, correctly."
+        )
+    for index in range(len(messages) - 1, -1, -1):
+        if isinstance(messages[index], HumanMessage):
+            text = f"{_text(messages[index])}\n\n({note})"
+            return [*messages[:index], HumanMessage(content=text), *messages[index + 1 :]]
+    return [*messages, HumanMessage(content=note)]
+
+
+def _text(message: BaseMessage) -> str:
+    return content_of(AIMessage(content=message.content))
 
 
 @cache
@@ -92,3 +124,82 @@ def with_schema(
     if isinstance(first, SystemMessage):
         return [SystemMessage(content=f"{first.content}\n\n{note}"), *rest]
     return [SystemMessage(content=note), *messages]
+
+
+DOWNGRADE = {
+    StructuredMethod.json_schema: StructuredMethod.json_mode,
+    StructuredMethod.function_calling: StructuredMethod.json_mode,
+    StructuredMethod.json_mode: StructuredMethod.prompt,
+}
+# The request fields each method adds: a refusal whose message names one blames the method.
+METHOD_FIELDS = {
+    StructuredMethod.json_schema: ("response_format", "json_schema"),
+    StructuredMethod.function_calling: ("tools", "tool_choice", "function"),
+    StructuredMethod.json_mode: ("response_format", "json_object"),
+}
+# Statuses that say nothing about the request's fields, whatever their message echoes.
+NOT_ABOUT_FIELDS = frozenset({401, 403, 408, 409, 429})
+
+
+class MethodRefused(Exception):
+    """The endpoint refused a call because of its structured-output method; retry on the next."""
+
+
+def says_unsupported(method: StructuredMethod, exc: BaseException) -> bool:
+    """True when a refusal of any status names a request field that `method` adds.
+
+    llama-cpp-python answers a json_schema response_format with HTTP 500 and a pydantic error
+    naming `response_format`; others answer 400 or 422: the status alone tells nothing.
+    """
+    if method not in METHOD_FIELDS or not isinstance(exc, openai.APIStatusError):
+        return False
+    if exc.status_code in NOT_ABOUT_FIELDS:
+        return False
+    text = f"{exc.message} {exc.body}".lower()
+    return any(field in text for field in METHOD_FIELDS[method])
+
+
+class MethodChoice:
+    """A stage's structured-output method: settled by its first call, switched once per cause.
+
+    Until a call settles the method, calls go one at a time, so a refusal is met once and the
+    method switched once, not by every call in flight. A refusal met later (a proxy that
+    changed its mind) switches it again, once, and the new method is settled the same way.
+    """
+
+    def __init__(self, method: StructuredMethod) -> None:
+        self.method = method
+        self.settled = method not in DOWNGRADE
+        self.switches: list[str] = []
+        self._lock = asyncio.Lock()
+
+    @asynccontextmanager
+    async def attempt(self) -> AsyncIterator[StructuredMethod]:
+        """The method for one call; a refusal of it raises MethodRefused from the HTTP error."""
+        held = False
+        if not self.settled:
+            await self._lock.acquire()
+            held = not self.settled  # settled while we waited: go on without the lock
+            if not held:
+                self._lock.release()
+        method = self.method
+        try:
+            yield method
+        except Exception as exc:
+            self._failed(method, exc)
+            raise
+        else:
+            self.settled = self.settled or self.method == method
+        finally:
+            if held:
+                self._lock.release()
+
+    def _failed(self, method: StructuredMethod, exc: Exception) -> None:
+        if not says_unsupported(method, exc):
+            self.settled = self.settled or self.method == method  # the method is not to blame
+            return
+        if self.method == method:  # the first to meet this refusal switches, once
+            self.method = DOWNGRADE[method]
+            self.settled = self.method not in DOWNGRADE
+            self.switches.append(f"{method.value} -> {self.method.value}")
+        raise MethodRefused(str(exc)) from exc
