@@ -14,7 +14,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from ragexam.config import AnswerContext, Scale, StructuredMethod, debug_enabled, load_settings
-from ragexam.display import progress_bar, say, summary_line
+from ragexam.display import progress_bar, say, show_warnings, summary_line
 from ragexam.errors import ConfigError, RagexamError
 from ragexam.store import StoreRef
 
@@ -91,6 +91,7 @@ def handled(command: F) -> F:
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        show_warnings()
         try:
             return command(*args, **kwargs)
         except RagexamError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -28,6 +29,22 @@ err = Console(stderr=True)
 def say(text: str) -> None:
     """One plain line on stderr (no markup, no highlighting, never wrapped)."""
     err.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+class _SayWarnings(logging.Handler):
+    """Shows the core's warnings (the `ragexam` logger) as one `Warning:` line each."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """One line on stderr."""
+        say(f"Warning: {' '.join(record.getMessage().split())}")
+
+
+def show_warnings() -> None:
+    """Route the `ragexam` logger's warnings to the terminal, once per process."""
+    logger = logging.getLogger("ragexam")
+    if not any(isinstance(handler, _SayWarnings) for handler in logger.handlers):
+        logger.addHandler(_SayWarnings(logging.WARNING))
+        logger.propagate = False  # not twice through a root handler
 
 
 class RateColumn(ProgressColumn):

@@ -185,13 +185,20 @@ class JudgePlan:
         )
         replies: list[Reply[Any]] = []
         failure: LLMError | None = None
+        spent = [0, 0, 0]  # prompt and completion tokens, and attempts, of the failed samples
         for _ in range(self.options.samples):
             try:
                 replies.append(await self.llm.structured(messages, self.schema))
             except LLMError as exc:
                 failure = exc
+                spent = [
+                    spent[0] + exc.tokens[0],
+                    spent[1] + exc.tokens[1],
+                    spent[2] + exc.attempts,
+                ]
         if not replies:
             assert failure is not None
+            failure.tokens, failure.attempts = (spent[0], spent[1]), spent[2]  # every sample's
             raise failure
         return self._row(replies, failure)
 

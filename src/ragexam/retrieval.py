@@ -9,6 +9,7 @@ and a query vector of the wrong dimension is an error naming both dimensions.
 from __future__ import annotations
 
 import asyncio
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -105,8 +106,19 @@ class OpenAIEmbedder:
         )
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
-        """One HTTP call per batch of questions."""
-        return await self.client.aembed_documents(texts)
+        """One HTTP call per batch of questions; one vector per question, or a ConfigError."""
+        with warnings.catch_warnings():  # a per-token reply trips pydantic's serializer warning
+            warnings.filterwarnings("ignore", "Pydantic serializer warnings", UserWarning)
+            vectors = await self.client.aembed_documents(texts)
+        per_token = next((v for v in vectors if v and isinstance(v[0], list)), None)
+        if per_token is not None:
+            raise ConfigError(
+                f"the embedding endpoint ({self.name}) returned one vector per token "
+                f"({len(per_token)} vectors for one question), not one per text: it does not "
+                "pool (llama.cpp's server without --pooling); start it with --pooling mean, or "
+                "use an embedding model that pools"
+            )
+        return vectors
 
     async def aclose(self) -> None:
         """Close the HTTP connections."""
