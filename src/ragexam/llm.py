@@ -121,6 +121,7 @@ class LLM:
         self.choice = MethodChoice(settings.structured_output)
         self.system_as_user = settings.system_prompt == SystemRole.user
         self._model_checked = False
+        self._check_lock = asyncio.Lock()
         self.max_retries = settings.max_retries
         self.backoff = settings.retry_backoff
         self.redact = settings.redact
@@ -177,9 +178,12 @@ class LLM:
 
     async def _check_model(self) -> None:
         """Before the first call: warn when the endpoint lists models, but not this one."""
-        if not self._model_checked:
-            self._model_checked = True  # set first: concurrent first calls check only once
-            await check_model(self.chat.root_async_client, self.model)
+        if self._model_checked:
+            return
+        async with self._check_lock:  # the first calls in flight wait for the one check
+            if not self._model_checked:
+                await check_model(self.chat.root_async_client, self.model)
+                self._model_checked = True
 
     def _structured_runnable(
         self, schema: type[BaseModel], method: StructuredMethod
@@ -221,7 +225,8 @@ class LLM:
             try:
                 value, raw = await once()
             except MethodRefused as exc:
-                reason, attempt = self.redact(str(exc)), attempt - 1  # the next method, for free
+                reason = self.redact(describe(exc.__cause__ or exc))
+                attempt -= 1  # the refused method's fault, not the row's: the retry is free
                 continue
             except Exception as exc:
                 self._count(tokens, getattr(exc, "raw_message", None))

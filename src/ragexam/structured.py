@@ -170,7 +170,6 @@ class MethodChoice:
     def __init__(self, method: StructuredMethod) -> None:
         self.method = method
         self.settled = method not in DOWNGRADE
-        self.switches: list[str] = []
         self._lock = asyncio.Lock()
 
     @asynccontextmanager
@@ -201,5 +200,4 @@ class MethodChoice:
         if self.method == method:  # the first to meet this refusal switches, once
             self.method = DOWNGRADE[method]
             self.settled = self.method not in DOWNGRADE
-            self.switches.append(f"{method.value} -> {self.method.value}")
         raise MethodRefused(str(exc)) from exc
