@@ -76,7 +76,8 @@ def shown(raw: AIMessage) -> str:
     return "".join(str(call.get("args") or "") for call in raw.invalid_tool_calls)
 
 
-def content_of(raw: AIMessage) -> str:
+def content_of(raw: BaseMessage) -> str:
+    """A message's text, whether its content is a string or a list of parts."""
     content = raw.content
     if isinstance(content, str):
         return content
@@ -97,13 +98,9 @@ def reask(messages: list[BaseMessage], exc: OutputError) -> list[BaseMessage]:
         )
     for index in range(len(messages) - 1, -1, -1):
         if isinstance(messages[index], HumanMessage):
-            text = f"{_text(messages[index])}\n\n({note})"
+            text = f"{content_of(messages[index])}\n\n({note})"
             return [*messages[:index], HumanMessage(content=text), *messages[index + 1 :]]
     return [*messages, HumanMessage(content=note)]
-
-
-def _text(message: BaseMessage) -> str:
-    return content_of(AIMessage(content=message.content))
 
 
 @cache
