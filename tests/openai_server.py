@@ -48,6 +48,10 @@ LLAMA_CPP_JSON_SCHEMA_ERROR = (
     "should be 'text' or 'json_object'\", 'input': 'json_schema', 'ctx': {'expected': "
     "\"'text' or 'json_object'\"}}]"
 )
+MAX_TOKENS_REFUSAL = (
+    "Unsupported parameter: 'max_tokens' is not supported with this model. Use "
+    "'max_completion_tokens' instead."
+)
 ENDLESS_WORDS = 4096  # what a reply without max_tokens runs to, after hang_seconds
 
 
@@ -61,6 +65,7 @@ class Quirks:
     endless_without_max_tokens: bool = False  # no max_tokens: generate until the context is full
     models: list[str] | None = None  # what GET /v1/models lists; None: 404, as without a list
     per_token_embeddings: bool = False  # llama.cpp without pooling: one vector per token
+    refuse_max_tokens: bool = False  # OpenAI's reasoning models, also behind Azure or a proxy
 
 
 @dataclass
@@ -220,6 +225,8 @@ class FakeOpenAI:
         status = self.quirks.json_schema_status
         if status is not None and (body.get("response_format") or {}).get("type") == "json_schema":
             return _error(status, self.quirks.json_schema_message)
+        if self.quirks.refuse_max_tokens and "max_tokens" in body:
+            return _error(400, MAX_TOKENS_REFUSAL)
         if self.quirks.drop_system:  # the model never sees them, nor are they counted
             kept = [m for m in body.get("messages") or [] if m.get("role") != "system"]
             body = {**body, "messages": kept}

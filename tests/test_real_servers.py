@@ -15,6 +15,8 @@ from openai_server import FakeOpenAI, Quirks, Reply
 from test_generate import docs
 from test_judge import exam, grade, number
 
+from ragexam.endpoint import ReplyBound
+
 
 def manifest(run: Path) -> dict[str, Any]:
     """The run's manifest."""
@@ -252,15 +254,23 @@ def test_a_refused_connection_says_so(
 
 
 def test_openai_itself_gets_max_completion_tokens_and_other_servers_max_tokens() -> None:
-    """OpenAI refuses max_tokens for reasoning models and both fields together."""
-    from langchain_openai import ChatOpenAI
+    assert ReplyBound(None, 7).body() == {"max_completion_tokens": 7}
+    assert ReplyBound("https://api.openai.com/v1", 7).body() == {"max_completion_tokens": 7}
+    assert ReplyBound("http://localhost:8080/v1", 7).body() == {"max_tokens": 7}
 
-    from ragexam.llm import token_bound
 
-    for base_url, field in [(None, "max_completion_tokens"), ("http://h:8080/v1", "max_tokens")]:
-        chat = ChatOpenAI(model="m", api_key="k", base_url=base_url, **token_bound(base_url, 7))
-        payload = chat._get_request_payload([("user", "hi")])
-        sent = {**payload, **payload.get("extra_body", {})}
-        assert sent.get(field) == 7
-        other = ({"max_tokens", "max_completion_tokens"} - {field}).pop()
-        assert other not in sent  # never both
+def test_a_refused_max_tokens_switches_to_max_completion_tokens_once(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reasoning model behind a compatible endpoint refuses max_tokens, as OpenAI does."""
+    monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "0")  # the switch must not use up a retry
+    env.quirks = Quirks(refuse_max_tokens=True)
+    env.latency = 0.02
+    store = build_store(tmp_path / "store", docs(8))
+    result = run_cli("generate", "--chroma", str(store), "--out", "run", "--concurrency", "4")
+    assert result.exit_code == 0, result.output
+    rows = read_csv(tmp_path / "run" / "qa_dataset.csv")
+    assert {row["status"] for row in rows} == {"ok"} and {row["attempts"] for row in rows} == {"1"}
+    sent = [("max_tokens" in r.body, r.body.get("max_completion_tokens")) for r in env.requests]
+    refused = sent.count((True, None))
+    assert 1 <= refused <= 4 and sent.count((False, 1024)) == 8 and len(sent) == refused + 8

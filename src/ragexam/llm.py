@@ -26,8 +26,8 @@ from langchain_core.runnables import Runnable
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
 
-from ragexam.catalog import check_model
 from ragexam.config import Settings, StructuredMethod, SystemRole
+from ragexam.endpoint import ReplyBound, check_model
 from ragexam.errors import AuthError, LLMError, OutputError
 from ragexam.prompts import system_as_user
 from ragexam.structured import (
@@ -116,8 +116,9 @@ class LLM:
             # Our own client: langchain-openai's shared default is bound to the first event
             # loop, and would break the next stage's asyncio.run in the same process.
             http_async_client=openai.DefaultAsyncHttpxClient(),
-            **token_bound(settings.openai_base_url, self.max_tokens),
         )
+        self.bound = ReplyBound(settings.openai_base_url, self.max_tokens)
+        self.chat.extra_body = self.bound.body()
         self.choice = MethodChoice(settings.structured_output)
         self.system_as_user = settings.system_prompt == SystemRole.user
         self._model_checked = False
@@ -207,7 +208,7 @@ class LLM:
             return self.chat
         if method == StructuredMethod.function_calling:
             return self.chat.bind_tools([schema], tool_choice=schema.__name__)
-        extra = dict(self.chat.extra_body or {})  # a bound extra_body replaces the model's
+        extra = self.bound.body()  # a bound extra_body replaces the model's
         if method == StructuredMethod.json_mode:
             return self.chat.bind(extra_body={**extra, "response_format": {"type": "json_object"}})
         spec = {"name": schema.__name__, "schema": schema.model_json_schema()}
@@ -229,6 +230,9 @@ class LLM:
                 attempt -= 1  # the refused method's fault, not the row's: the retry is free
                 continue
             except Exception as exc:
+                if self._bound_refused(exc):
+                    reason, attempt = self.redact(describe(exc)), attempt - 1  # free, as above
+                    continue
                 self._count(tokens, getattr(exc, "raw_message", None))
                 reason, delay = self._failure(exc, attempt, tokens)
                 raw_text = getattr(exc, "raw", None) or raw_text
@@ -245,6 +249,16 @@ class LLM:
             raw=raw_text,
             tokens=(tokens[0], tokens[1]),
         )
+
+    def _bound_refused(self, exc: Exception) -> bool:
+        """Whether a 400 refused the reply bound's field; the first one switches it."""
+        field = self.bound.field
+        if not self.bound.refused(exc):
+            return False
+        if self.bound.field != field:
+            self.chat.extra_body = self.bound.body()
+            self._runnables.clear()  # they carry the old field
+        return True
 
     def _count(self, tokens: list[int], raw: AIMessage | None) -> None:
         """Add one attempt's usage to the row's tokens and to this model's totals."""
@@ -311,14 +325,3 @@ def root_cause(exc: BaseException) -> str:
     if isinstance(inner, OSError) and inner.errno:
         return f"{os.strerror(inner.errno)} ({inner.strerror or inner})"
     return str(inner) or str(exc.__cause__ or exc)
-
-
-def token_bound(base_url: str | None, max_tokens: int) -> dict[str, Any]:
-    """ChatOpenAI's arguments that bound a reply, in the field the endpoint reads.
-
-    OpenAI itself wants max_completion_tokens (langchain-openai sends it for `max_tokens`) and
-    refuses both fields together; llama.cpp's and other servers read only max_tokens.
-    """
-    if base_url is None or "api.openai.com" in base_url:
-        return {"max_tokens": max_tokens}
-    return {"extra_body": {"max_tokens": max_tokens}}

@@ -1,0 +1,83 @@
+"""What ragexam learns about an endpoint: whether it lists the model, which field bounds a reply.
+
+llama.cpp's server, and some proxies, answer every model name with the one model they have,
+so a misspelt RAGEXAM_MODEL would go unnoticed. Where `GET /v1/models` answers, the model is
+looked up there once, before a stage's first call. The warning goes to the `ragexam` logger;
+the CLI shows it as one line.
+
+Every reply is bounded. OpenAI wants `max_completion_tokens` (its reasoning models refuse
+`max_tokens`, and it refuses both together); llama-cpp-python reads only `max_tokens`. Each
+gets its own, and a refusal naming the field switches to the other, once.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import openai
+
+logger = logging.getLogger("ragexam")
+BOUND_FIELDS = ("max_tokens", "max_completion_tokens")
+REFUSAL_WORDS = ("unsupported", "not supported", "unrecognized", "unknown", "not permitted")
+LIST_TIMEOUT = 10.0
+SHOWN = 5
+
+
+async def listed_models(client: openai.AsyncOpenAI) -> list[str] | None:
+    """The ids `GET /v1/models` lists, or None when the endpoint does not answer it."""
+    try:
+        page = await client.models.list(timeout=LIST_TIMEOUT)
+    except (openai.OpenAIError, ValueError, TypeError):
+        return None  # no listing (404, an old server, a proxy): nothing to check against
+    ids = [str(getattr(model, "id", "")) for model in page.data]
+    return [model_id for model_id in ids if model_id] or None
+
+
+def absent_model_warning(model: str, listed: list[str] | None) -> str | None:
+    """One line when `model` is not among the listed ones; None when it is, or nothing is listed."""
+    if listed is None or model in listed:
+        return None
+    names = ", ".join(listed[:SHOWN]) + (
+        f" and {len(listed) - SHOWN} more" if len(listed) > SHOWN else ""
+    )
+    return (
+        f"model {model!r} is not among the models the endpoint lists ({names}); a server that "
+        "answers any name (llama.cpp) is then using its own model: check RAGEXAM_MODEL or --model"
+    )
+
+
+async def check_model(client: openai.AsyncOpenAI, model: str) -> None:
+    """Warn, through the `ragexam` logger, when the endpoint does not list `model`."""
+    warning = absent_model_warning(model, await listed_models(client))
+    if warning is not None:
+        logger.warning(warning)
+
+
+class ReplyBound:
+    """The bound on every reply, in the field the endpoint reads; switched once when refused."""
+
+    def __init__(self, base_url: str | None, limit: int) -> None:
+        self.limit = limit
+        openai_itself = base_url is None or "api.openai.com" in base_url
+        self.field = BOUND_FIELDS[1] if openai_itself else BOUND_FIELDS[0]
+        self.switched = False
+
+    def body(self) -> dict[str, int]:
+        """The request field to send."""
+        return {self.field: self.limit}
+
+    def refused(self, exc: BaseException) -> bool:
+        """True when a 400 refuses a bound field: the first such refusal switches the field."""
+        if not isinstance(exc, openai.BadRequestError):
+            return False
+        text = f"{exc.message} {exc.body}".lower()
+        named = sorted((text.find(f), f) for f in BOUND_FIELDS if f in text)
+        if not named or not any(word in text for word in REFUSAL_WORDS):
+            return False
+        field = named[0][1]  # "'max_tokens' is not supported ... use 'max_completion_tokens'"
+        if field != self.field:
+            return True  # already switched by a call in flight: retry on the new field
+        if self.switched:
+            return False  # both fields refused: a real error
+        self.field, self.switched = BOUND_FIELDS[1 - BOUND_FIELDS.index(field)], True
+        return True
