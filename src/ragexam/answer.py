@@ -16,7 +16,7 @@ from ragexam.config import AnswerContext, Settings
 from ragexam.csvfile import read_rows
 from ragexam.errors import ConfigError, InputFileError, RagexamError, RowError
 from ragexam.generate import QA_FILE
-from ragexam.llm import LLM
+from ragexam.llm import LLM, describe
 from ragexam.prompts import Prompt, context_block, load_prompt
 from ragexam.rag import call_rag, load_rag
 from ragexam.retrieval import Hit, Retriever, make_embedder, rank_of
@@ -246,7 +246,7 @@ class BuiltinRag(RagSystem):
         except ConfigError:
             raise  # wrong for every batch: stop the run
         except Exception as exc:  # e.g. an embedding endpoint that failed after its retries
-            reason = f"retrieval failed: {' '.join(str(exc).split())[:300]}"
+            reason = f"retrieval failed: {describe(exc)[:300]}"
             return [RowError(reason)] * len(batch)
         return [(q, sources.get(q.chunk_id), h) for q, h in zip(batch, hits, strict=True)]
 
