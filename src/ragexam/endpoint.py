@@ -8,11 +8,16 @@ the CLI shows it as one line.
 Every reply is bounded. OpenAI wants `max_completion_tokens` (its reasoning models refuse
 `max_tokens`, and it refuses both together); llama-cpp-python reads only `max_tokens`. Each
 gets its own, and a refusal naming the field switches to the other, once.
+
+An endpoint that cannot be reached is described by the innermost cause ("Connection
+refused"), not the SDK's "Connection error.".
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 
 import openai
 
@@ -46,11 +51,23 @@ def absent_model_warning(model: str, listed: list[str] | None) -> str | None:
     )
 
 
-async def check_model(client: openai.AsyncOpenAI, model: str) -> None:
-    """Warn, through the `ragexam` logger, when the endpoint does not list `model`."""
-    warning = absent_model_warning(model, await listed_models(client))
-    if warning is not None:
-        logger.warning(warning)
+class ModelCheck:
+    """Warns, through the `ragexam` logger, when the endpoint does not list the model."""
+
+    def __init__(self, model: str) -> None:
+        self.model, self.done = model, False
+        self._lock = asyncio.Lock()
+
+    async def once(self, client: openai.AsyncOpenAI) -> None:
+        """Look the model up before the first call; the calls in flight wait for the one check."""
+        if self.done:
+            return
+        async with self._lock:
+            if not self.done:
+                warning = absent_model_warning(self.model, await listed_models(client))
+                if warning is not None:
+                    logger.warning(warning)
+                self.done = True
 
 
 class ReplyBound:
@@ -81,3 +98,13 @@ class ReplyBound:
             return False  # both fields refused: a real error
         self.field, self.switched = BOUND_FIELDS[1 - BOUND_FIELDS.index(field)], True
         return True
+
+
+def root_cause(exc: BaseException) -> str:
+    """The innermost cause of a connection error: "Connection refused", not "Connection error."."""
+    inner: BaseException = exc
+    while (nested := inner.__cause__ or inner.__context__) is not None:
+        inner = nested
+    if isinstance(inner, OSError) and inner.errno:
+        return f"{os.strerror(inner.errno)} ({inner.strerror or inner})"
+    return str(inner) or str(exc.__cause__ or exc)

@@ -13,7 +13,6 @@ by max_tokens.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -27,7 +26,7 @@ from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
 
 from ragexam.config import Settings, StructuredMethod, SystemRole
-from ragexam.endpoint import ReplyBound, check_model
+from ragexam.endpoint import ModelCheck, ReplyBound, root_cause
 from ragexam.errors import AuthError, LLMError, OutputError
 from ragexam.prompts import system_as_user
 from ragexam.structured import (
@@ -121,8 +120,7 @@ class LLM:
         self.chat.extra_body = self.bound.body()
         self.choice = MethodChoice(settings.structured_output)
         self.system_as_user = settings.system_prompt == SystemRole.user
-        self._model_checked = False
-        self._check_lock = asyncio.Lock()
+        self.model_check = ModelCheck(model)
         self.max_retries = settings.max_retries
         self.backoff = settings.retry_backoff
         self.redact = settings.redact
@@ -177,15 +175,6 @@ class LLM:
     def _shape(self, messages: list[BaseMessage]) -> list[BaseMessage]:
         return system_as_user(messages) if self.system_as_user else messages
 
-    async def _check_model(self) -> None:
-        """Before the first call: warn when the endpoint lists models, but not this one."""
-        if self._model_checked:
-            return
-        async with self._check_lock:  # the first calls in flight wait for the one check
-            if not self._model_checked:
-                await check_model(self.chat.root_async_client, self.model)
-                self._model_checked = True
-
     def _structured_runnable(
         self, schema: type[BaseModel], method: StructuredMethod
     ) -> Runnable[Any, Any]:
@@ -217,7 +206,7 @@ class LLM:
 
     async def _retrying(self, once: Callable[[], Awaitable[tuple[T, AIMessage]]]) -> Reply[T]:
         started, tokens, reason, raw_text = time.monotonic(), [0, 0], "no attempt made", None
-        await self._check_model()
+        await self.model_check.once(self.chat.root_async_client)
         attempt = 0
         while attempt <= self.max_retries:
             attempt += 1
@@ -315,13 +304,3 @@ def retry_after(exc: BaseException) -> float | None:
             except ValueError:
                 continue  # an HTTP date: rare from LLM servers, fall back to backoff
     return None
-
-
-def root_cause(exc: BaseException) -> str:
-    """The innermost cause of a connection error: "Connection refused", not "Connection error."."""
-    inner: BaseException = exc
-    while (nested := inner.__cause__ or inner.__context__) is not None:
-        inner = nested
-    if isinstance(inner, OSError) and inner.errno:
-        return f"{os.strerror(inner.errno)} ({inner.strerror or inner})"
-    return str(inner) or str(exc.__cause__ or exc)
