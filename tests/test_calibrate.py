@@ -13,7 +13,6 @@ from judges import truthful
 from openai_server import FakeOpenAI
 
 from ragexam.calibrate import agreement, quadratic_kappa, spearman_ci
-from ragexam.labels import allocate
 
 # Question i's answer holds the first SAID[i] of its ground truth's 4 words, then EXTRA[i] others,
 # so the truthful (word overlap) judge grades completeness SAID/4 and conciseness SAID/(SAID+EXTRA).
@@ -159,15 +158,6 @@ def test_the_figures_of_five_pairs_by_hand() -> None:
     # 1.0 falls in the last bin: bins 4 and 0 on both sides agree fully
     assert quadratic_kappa(np.array([1.0, 0.0]), np.array([1.0, 0.0])) == 1
     assert math.isnan(quadratic_kappa(np.array([0.5, 0.5]), np.array([0.5, 0.5])))
-
-
-def test_allocation_is_proportional_with_one_per_document_at_least() -> None:
-    # shares 5, 2.5, 0.5: floors 5, 2 and the minimum 1
-    assert allocate({"a": 10, "b": 5, "c": 1}, 8) == {"a": 5, "b": 2, "c": 1}
-    # shares .4, .4, .4, 2.8: the minimum of one each leaves one for d
-    assert allocate({"a": 1, "b": 1, "c": 1, "d": 7}, 4) == {"a": 1, "b": 1, "c": 1, "d": 1}
-    # shares 1.5 each: floors 1, then the two spare go by remainder (a tie: the later names)
-    assert allocate({"a": 2, "b": 2, "c": 2, "d": 2}, 6) == {"a": 1, "b": 1, "c": 2, "d": 2}
 
 
 def test_template_then_labels_round_trip(env: FakeOpenAI, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import numpy.typing as npt
 from ragexam.config import Scale
 from ragexam.csvfile import RowLog, read_rows
 from ragexam.errors import InputFileError, OutputFileError
+from ragexam.sampling import allocate
 
 FloatArray = npt.NDArray[np.float64]
 METRICS = ("completeness", "conciseness")
@@ -55,33 +56,13 @@ def write_template(out: Path, n: int, seed: int = 0) -> tuple[Path, int]:
 
 
 def stratified(rows: list[dict[str, str]], n: int, seed: int) -> list[dict[str, str]]:
-    """n rows drawn with the seed, in proportion to their documents, one at least from each."""
+    """n rows drawn with the seed, allocated to documents as `generate --sample` allocates."""
     groups: dict[str, list[dict[str, str]]] = {}
     for row in rows:
         groups.setdefault(row["document"], []).append(row)
-    rng = random.Random(seed)
-    if n < len(groups):  # too few for one per document: n documents, one row each
-        return [rng.choice(groups[name]) for name in rng.sample(sorted(groups), n)]
     counts = allocate({name: len(group) for name, group in groups.items()}, n)
+    rng = random.Random(seed)
     return [row for name in sorted(groups) for row in rng.sample(groups[name], counts[name])]
-
-
-def allocate(sizes: Mapping[str, int], n: int) -> dict[str, int]:
-    """Largest-remainder proportional allocation of n, at least 1 per group, at most its size."""
-    total = sum(sizes.values())
-    if n >= total:
-        return dict(sizes)
-    share = {name: n * size / total for name, size in sizes.items()}
-    counts = {name: max(1, math.floor(share[name])) for name in sizes}
-    while sum(counts.values()) > n:  # the minimum of one overshot: take from the most over
-        name = max((k for k in counts if counts[k] > 1), key=lambda k: (counts[k] - share[k], k))
-        counts[name] -= 1
-    while sum(counts.values()) < n:
-        name = max(
-            (k for k in counts if counts[k] < sizes[k]), key=lambda k: (share[k] - counts[k], k)
-        )
-        counts[name] += 1
-    return counts
 
 
 def read_labels(
