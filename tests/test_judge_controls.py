@@ -10,6 +10,7 @@ import pytest
 from conftest import kill_midway, read_csv, run_cli
 from judges import constant, lenient_about_padding, truthful
 from openai_server import FakeOpenAI
+from world import World
 
 from ragexam.controls import Bounds, Source, build_controls
 
@@ -280,3 +281,22 @@ def test_stats_refuses_an_ok_control_without_a_grade(env: FakeOpenAI, tmp_path: 
         == "Error: run/judge_controls.csv: line 4: status ok but no completeness in [0, 1]; "
         "delete the row and rerun ragexam judge to grade it again"
     )
+
+
+def test_run_grades_the_judge_controls_in_the_exam_run_only(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    world = World({"a.md": 4, "b.md": 3, "c.md": 3})  # its judge shares facts: a fair judge
+    env.responder, env.embed = world.respond, world.embed
+    store = world.build_store(tmp_path / "store")
+    result = run_cli(
+        "run", "--chroma", str(store), "--out", "run", "--controls", "--seed", "2",
+        "--embedding", "openai:fake-embed", "--k", "3",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    controls = controls_of(tmp_path / "run")
+    assert len(controls) == 40 and {row["passed"] for row in controls.values()} == {"true"}
+    assert overall(tmp_path / "run")["judge_controls_passed"] == "40"
+    assert not (tmp_path / "run" / "gold" / "judge_controls.csv").exists()
+    assert not (tmp_path / "run" / "closed_book" / "judge_controls.csv").exists()
+    assert "40/40 judge controls passed" in result.output
