@@ -4,7 +4,9 @@
 
 It prints rows/s against the ceiling (concurrency / latency) and against a bare
 `openai.AsyncOpenAI` loop sending the same request at the same concurrency in the same run,
-and the calls and tokens per row (exactly 1 call per row at --samples 1 with no faults).
+and the calls and tokens per row (exactly 1 call per row at --samples 1 with no faults), all
+with the judge's controls off. Then it reruns with `--controls 10` on the judged exam and
+counts the calls the controls add (target: exactly 40).
 """
 
 from __future__ import annotations
@@ -52,15 +54,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, FakeOpenAI(latency=args.latency) as server:
         write_exam(Path(tmp) / "run", args.rows)
         env = {**os.environ, "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "bench"}
-        record = run_stage(
-            env, Path(tmp) / "run", ["judge", "--concurrency", str(args.concurrency)]
-        )
+        judge = ["judge", "--concurrency", str(args.concurrency)]
+        record = run_stage(env, Path(tmp) / "run", [*judge, "--controls", "0"])
         calls = server.count()
         bare = run_bare(env, dict(server.requests[0].body), args.rows, args.concurrency)
+        before = server.count()
+        run_stage(env, Path(tmp) / "run", [*judge, "--controls", "10"])
+        control_calls = server.count() - before
     rate = float(record["rows_per_second"])
     billed = record["tokens_billed"]
     print_rates("judge", args, rate, bare)
     print(f"  calls per row  = {calls / args.rows:.3f}   (target 1.000 at --samples 1)")
+    print(f"  --controls 10 adds {control_calls} calls   (target 40)")
     print(
         f"  tokens per row = {billed['prompt'] / args.rows:.1f} in + "
         f"{billed['completion'] / args.rows:.1f} out"

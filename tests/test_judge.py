@@ -89,7 +89,7 @@ def test_300_rows_are_graded_and_joined_on_qa_id(env: FakeOpenAI, tmp_path: Path
         return grade(body, (i % 10) / 10 if same else 0.99, (i % 7) / 7)
 
     env.responder = by_id
-    result = run_cli("judge", "--out", "run", "--concurrency", "32")
+    result = run_cli("judge", "--out", "run", "--concurrency", "32", "--controls", "0")
     assert result.exit_code == 0, result.output
     rows = {row["qa_id"]: row for row in read_csv(tmp_path / "run" / "judgments.csv")}
     assert len(rows) == 300 and env.count() == 300
@@ -162,7 +162,7 @@ def test_samples_record_mean_std_and_valid_count(
         return grade(body, value, 1 - value if value <= 1 else value)
 
     env.responder = scripted
-    result = run_cli("judge", "--out", "run", "--samples", "3")
+    result = run_cli("judge", "--out", "run", "--samples", "3", "--controls", "0")
     assert result.exit_code == 0, result.output
     rows = {row["qa_id"]: row for row in read_csv(tmp_path / "run" / "judgments.csv")}
     assert float(rows["q0"]["completeness"]) == pytest.approx(0.5)
@@ -196,7 +196,7 @@ def test_error_answers_are_skipped_and_an_empty_answer_is_graded(
     answers = read_csv(tmp_path / "run" / "answers.csv")
     answers[0].update(status="error", answer="", error="rag failed")  # q2 (reversed order)
     write_csv(tmp_path / "run" / "answers.csv", answers)
-    result = run_cli("judge", "--out", "run")
+    result = run_cli("judge", "--out", "run", "--controls", "0")
     assert result.exit_code == 0, result.output
     assert "1 answers skipped" in result.output
     rows = {row["qa_id"]: row for row in read_csv(tmp_path / "run" / "judgments.csv")}
@@ -228,8 +228,8 @@ def test_a_changed_prompt_or_model_refuses_to_mix_unless_forced(
     env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     exam(tmp_path / "run", 4)
-    assert run_cli("judge", "--out", "run").exit_code == 0
-    other_model = run_cli("judge", "--out", "run", "--model", "another-judge")
+    assert run_cli("judge", "--out", "run", "--controls", "0").exit_code == 0
+    other_model = run_cli("judge", "--out", "run", "--controls", "0", "--model", "another-judge")
     assert other_model.exit_code == 1
     assert "different model or prompt" in other_model.output and "--force" in other_model.output
     edited = tmp_path / "prompts"
@@ -237,10 +237,10 @@ def test_a_changed_prompt_or_model_refuses_to_mix_unless_forced(
     judge_file = edited / "judge.toml"
     judge_file.write_text(judge_file.read_text().replace("strict, fair", "lenient"))
     monkeypatch.setenv("RAGEXAM_PROMPTS_DIR", str(edited))
-    other_prompt = run_cli("judge", "--out", "run")
+    other_prompt = run_cli("judge", "--out", "run", "--controls", "0")
     assert other_prompt.exit_code == 1 and "different model or prompt" in other_prompt.output
     assert env.count() == 4
-    forced = run_cli("judge", "--out", "run", "--force")
+    forced = run_cli("judge", "--out", "run", "--controls", "0", "--force")
     assert forced.exit_code == 0, forced.output
     rows = read_csv(tmp_path / "run" / "judgments.csv")
     assert len(rows) == 4 and len({row["prompt_hash"] for row in rows}) == 1
@@ -251,7 +251,7 @@ def test_a_changed_prompt_or_model_refuses_to_mix_unless_forced(
 def test_sigkill_then_rerun_judges_each_question_once(env: FakeOpenAI, tmp_path: Path) -> None:
     exam(tmp_path / "run", 150)
     env.latency = 0.05
-    args = ["judge", "--out", "run", "--concurrency", "8"]
+    args = ["judge", "--out", "run", "--concurrency", "8", "--controls", "0"]
     output = tmp_path / "run" / "judgments.csv"
     kill_midway(args, output, 70)
     survived = {row["qa_id"] for row in read_csv(output)}

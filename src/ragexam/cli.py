@@ -9,14 +9,24 @@ import functools
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from ragexam.config import AnswerContext, Scale, StructuredMethod, debug_enabled, load_settings
+from ragexam.config import (
+    AnswerContext,
+    Scale,
+    Settings,
+    StructuredMethod,
+    debug_enabled,
+    load_settings,
+)
 from ragexam.display import progress_bar, say, show_warnings, summary_line
 from ragexam.errors import ConfigError, RagexamError
 from ragexam.store import StoreRef
+
+if TYPE_CHECKING:
+    from ragexam.judge import JudgeOptions
 
 app = typer.Typer(
     help="Evaluate a RAG system over a Chroma collection: generate, answer, judge, stats.",
@@ -84,6 +94,9 @@ ExcludeFlaggedOpt = Annotated[
     bool, _opt("--exclude-flagged", "Leave flagged questions out of every mean.")
 ]
 CONTROL_RUNS = {"gold": AnswerContext.gold, "closed_book": AnswerContext.none}
+JudgeControlsOpt = Annotated[
+    int, _opt("--controls", "Grade 4 known answers to N sampled questions; 0: none.", min=0)
+]
 
 
 def handled(command: F) -> F:
@@ -222,8 +235,10 @@ def judge(
     max_error_rate: ErrorRateOpt = None,
     structured_output: MethodOpt = None,
     force: ForceOpt = False,
+    controls: JudgeControlsOpt = 10,
+    seed: Annotated[int, _opt("--seed", "Seed of the controls' sample.")] = 0,
 ) -> None:
-    """Grade every answer against its ground truth: judgments.csv."""
+    """Grade every answer against its ground truth: judgments.csv (and judge_controls.csv)."""
     from ragexam.judge import JudgeOptions, run_judge
     from ragexam.runner import check_error_rate
 
@@ -233,11 +248,30 @@ def judge(
         max_error_rate=max_error_rate,
         structured_output=structured_output,
     )
-    options = JudgeOptions(out, qa_dataset, answers, limit, samples, temperature, scale, force)
+    options = JudgeOptions(
+        out, qa_dataset, answers, limit, samples, temperature, scale, force, controls, seed
+    )
     with progress_bar("judge") as bar:
         result = run_judge(settings, options, bar)
     note = f"{result.skipped} answers skipped: they are errors in the answers file"
     summary_line("judge", result, note if result.skipped else None)
+    if controls:
+        _judge_controls(settings, options)
+    check_error_rate(result.path, settings.max_error_rate)
+
+
+def _judge_controls(settings: Settings, options: JudgeOptions) -> None:
+    """Grade the judge's known-answer controls and say in one line how it did."""
+    from ragexam.judge import run_controls
+    from ragexam.runner import check_error_rate
+    from ragexam.verdict import read_verdict
+
+    with progress_bar("judge controls") as bar:
+        result = run_controls(settings, options, bar)
+    summary_line("judge controls", result)
+    verdict = read_verdict(options.out)
+    if verdict is not None:
+        say(verdict.message())
     check_error_rate(result.path, settings.max_error_rate)
 
 
@@ -261,6 +295,8 @@ def stats(
     Console().print(terminal_table(result))
     if line := control_line(result.overall):
         say(line)
+    if result.controls is not None:
+        say(result.controls.message())
     say(f"report: {result.paths['report']}")
 
 
@@ -282,6 +318,45 @@ def compare(
         say(f"Warning: {warning}")
     Console().print(comparison_table(result))
     say(f"comparison: {result.path}")
+
+
+@app.command()
+@handled
+def calibrate(
+    labels: Annotated[
+        Path | None, typer.Argument(help="Your grades: qa_id, completeness and/or conciseness.")
+    ] = None,
+    out: OutOpt = Path("outputs"),
+    scale: Annotated[
+        Scale, _opt("--scale", "Your labels: unit (0..1) or ten (0..10).")
+    ] = Scale.unit,
+    template: Annotated[
+        int | None, _opt("--template", "Write labels_template.csv: N questions to grade.", min=1)
+    ] = None,
+    seed: SeedOpt = 0,
+) -> None:
+    """Measure the judge against your grades: calibration.csv; or write a template to fill in."""
+    from rich.console import Console
+
+    from ragexam.calibrate import run_calibrate
+    from ragexam.labels import write_template
+    from ragexam.trust import calibration_table
+
+    if (labels is None) == (template is None):
+        raise ConfigError("give LABELS.csv to measure the judge, or --template N to write one")
+    if labels is None:
+        path, count = write_template(out, template or 0, seed)
+        say(
+            f"labels template: {count} questions -> {path}; fill in completeness and/or "
+            f"conciseness from 0 to 1, then run: ragexam calibrate {path}"
+        )
+        return
+    result = run_calibrate(labels, out, scale, seed)
+    for note in result.notes:
+        say(f"Warning: {note}")
+    Console().print(calibration_table(result.table))
+    say(result.reading)
+    say(f"calibration: {result.path}")
 
 
 @app.command()
@@ -352,6 +427,7 @@ def run(
         max_error_rate=max_error_rate,
         structured_output=structured_output,
         force=force,
+        seed=seed,
     )
     for folder, kind in CONTROL_RUNS.items() if controls else ():
         answer(
@@ -374,6 +450,7 @@ def run(
             max_error_rate=max_error_rate,
             structured_output=structured_output,
             force=force,
+            controls=0,  # the judge's known-answer controls are graded once, in the exam run
         )
     stats(out=out, k=k)
 

@@ -16,13 +16,31 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from ragexam.answer import ANSWERS_FILE
-from ragexam.config import Scale, Settings
+from ragexam.config import Scale, Settings, StructuredMethod
+from ragexam.controls import (
+    CONTROL_COLUMNS,
+    CONTROLS_FILE,
+    KINDS,
+    Control,
+    Source,
+    build_controls,
+    keep_planned,
+)
 from ragexam.csvfile import read_rows
 from ragexam.errors import LLMError, RowError
 from ragexam.generate import QA_FILE
 from ragexam.llm import LLM, Reply
+from ragexam.manifest import read_manifest
 from ragexam.prompts import Delimited, Prompt, load_prompt
-from ragexam.runner import Progress, RunSettings, Stage, StageResult, Task, execute
+from ragexam.runner import (
+    Outcome,
+    Progress,
+    RunSettings,
+    Stage,
+    StageResult,
+    Task,
+    execute,
+)
 
 JUDGMENTS_FILE = "judgments.csv"
 JUDGE_COLUMNS = (
@@ -81,6 +99,8 @@ class JudgeOptions:
     temperature: float | None = None
     scale: Scale = Scale.unit
     force: bool = False
+    controls: int = 10
+    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -91,6 +111,7 @@ class Exam:
     question: str | None
     ground_truth: str | None
     answer: str
+    document: str = ""
 
 
 def read_exams(qa_path: Path, answers_path: Path) -> tuple[list[Exam], int]:
@@ -112,6 +133,7 @@ def read_exams(qa_path: Path, answers_path: Path) -> tuple[list[Exam], int]:
                 source["question"] if usable and source else None,
                 source["ground_truth_answer"] if usable and source else None,
                 row["answer"],
+                source.get("document", "") if source else "",
             )
         )
     return exams, skipped
@@ -121,31 +143,72 @@ def run_judge(
     settings: Settings, options: JudgeOptions, progress: Progress | None = None
 ) -> StageResult:
     """Write `judgments.csv`; inputs and key are checked before the first paid call."""
-    exams, skipped = read_exams(
-        options.qa_path or options.out / QA_FILE, options.answers_path or options.out / ANSWERS_FILE
-    )
+    exams, skipped = _read_exams(options)
     settings.api_key()
     plan = JudgePlan(settings, options, exams[: options.limit])
-    stage = Stage(
-        "judge",
-        options.out / JUDGMENTS_FILE,
-        "qa_id",
-        JUDGE_COLUMNS,
-        plan.llm.model,
-        plan.prompt.hash,
+    stage = plan.stage("judge", JUDGMENTS_FILE, "qa_id", JUDGE_COLUMNS)
+    outcome = _execute(settings, options, plan, stage, {"skipped": skipped}, progress)
+    return StageResult(outcome, stage.path, skipped)
+
+
+def run_controls(
+    settings: Settings, options: JudgeOptions, progress: Progress | None = None
+) -> StageResult:
+    """Write `judge_controls.csv`: known answers to `options.controls` of the exam's questions."""
+    exams, _ = _read_exams(options)
+    sources = [
+        Source(exam.qa_id, exam.document, exam.question, exam.ground_truth)
+        for exam in exams[: options.limit]
+        if exam.question is not None and exam.ground_truth is not None
+    ]
+    controls = build_controls(sources, options.controls, options.seed)
+    settings.api_key()
+    plan = ControlPlan(_exam_method(settings, options.out), options, controls)
+    columns = (*CONTROL_COLUMNS, *JUDGE_COLUMNS)
+    stage = plan.stage("judge_controls", CONTROLS_FILE, "control_id", columns)
+    keep_planned(stage.path, stage.all_columns(), controls)
+    record = {"controls": options.controls, "seed": options.seed, "rows": len(controls)}
+    outcome = _execute(settings, options, plan, stage, record, progress)
+    return StageResult(outcome, stage.path)
+
+
+def _exam_method(settings: Settings, out: Path) -> Settings:
+    """Settings whose structured-output method is the one the exam's run settled on.
+
+    The exam already found what the endpoint accepts; the controls start there, not probe again.
+    """
+    method = read_manifest(out).get("stages", {}).get("judge", {}).get("structured_output")
+    if method not in set(StructuredMethod):
+        return settings
+    return settings.model_copy(update={"structured_output": StructuredMethod(method)})
+
+
+def _read_exams(options: JudgeOptions) -> tuple[list[Exam], int]:
+    return read_exams(
+        options.qa_path or options.out / QA_FILE, options.answers_path or options.out / ANSWERS_FILE
     )
+
+
+def _execute(
+    settings: Settings,
+    options: JudgeOptions,
+    plan: JudgePlan,
+    stage: Stage,
+    extra: dict[str, Any],
+    progress: Progress | None,
+) -> Outcome:
+    """Run the plan's rows into the stage's file, with the judge's manifest record."""
     record = {
         "model": plan.llm.model,
         "prompt": {"judge": plan.prompt.hash},
         "scale": options.scale.value,
         "samples": options.samples,
         "temperature": plan.temperature,
-        "skipped": skipped,
+        **extra,
         "settings": settings.public(),
     }
     how = RunSettings(options.out, settings.concurrency, options.force, settings.redact)
-    outcome = execute(stage, plan, record, how, progress)
-    return StageResult(outcome, stage.path, skipped)
+    return execute(stage, plan, record, how, progress)
 
 
 class JudgePlan:
@@ -164,11 +227,18 @@ class JudgePlan:
             max_tokens=settings.max_tokens_for("judge"),
         )
 
+    def stage(self, name: str, file: str, key: str, columns: tuple[str, ...]) -> Stage:
+        """The output this plan writes, fingerprinted by its model and prompt."""
+        return Stage(name, self.options.out / file, key, columns, self.llm.model, self.prompt.hash)
+
+    def known(self) -> dict[str, Any]:
+        """The columns every row of this plan has before its call."""
+        return {"samples": self.options.samples, "scale": self.options.scale.value}
+
     def tasks(self, done: set[str]) -> tuple[int, Iterator[Task]]:
         """The answers not yet judged."""
         left = [exam for exam in self.exams if exam.qa_id not in done]
-        known = {"samples": self.options.samples, "scale": self.options.scale.value}
-        return len(left), (Task(exam.qa_id, known, exam) for exam in left)
+        return len(left), (Task(exam.qa_id, self.known(), exam) for exam in left)
 
     async def work(self, task: Task) -> dict[str, Any]:
         """Ask for the grades `samples` times; the row is ok if one sample validated."""
@@ -233,6 +303,30 @@ class JudgePlan:
             "structured_output": self.llm.method.value,
             "tokens_billed": {"prompt": self.llm.tokens[0], "completion": self.llm.tokens[1]},
         }
+
+
+class ControlPlan(JudgePlan):
+    """Grade the known-answer controls like the exam, and say whether each one passed."""
+
+    def __init__(self, settings: Settings, options: JudgeOptions, controls: list[Control]) -> None:
+        super().__init__(settings, options, [])
+        self.controls = controls
+
+    def tasks(self, done: set[str]) -> tuple[int, Iterator[Task]]:
+        """The controls not yet graded."""
+        left = [control for control in self.controls if control.key not in done]
+        return len(left), (self._task(control) for control in left)
+
+    def _task(self, control: Control) -> Task:
+        source = control.source
+        exam = Exam(source.qa_id, source.question, source.ground_truth, control.answer)
+        return Task(control.key, {**self.known(), **control.columns()}, exam)
+
+    async def work(self, task: Task) -> dict[str, Any]:
+        """Grade the control answer; it passes when its grades fall within its kind's bounds."""
+        row = await super().work(task)
+        bounds = KINDS[task.known["control"]].bounds
+        return {**row, "passed": bounds.passes(row["completeness"], row["conciseness"])}
 
 
 def _std(values: list[float]) -> float | None:

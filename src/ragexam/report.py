@@ -120,10 +120,13 @@ POLICY = "default-src 'none'; style-src 'unsafe-inline'"
 
 def write_report(result: StatsResult, path: Path) -> Path:
     """Write report.html: one file that needs no network to view."""
+    from ragexam.trust import judge_panels  # trust draws with this module's helpers
+
     documents = result.by_document.head(REPORT_DOCUMENTS)
     sections = [
         _header(result),
         _cards(result.overall.iloc[0]),
+        *judge_panels(result),
         _section(
             "Documents, worst completeness first",
             f"The {len(documents)} documents with the lowest completeness: mean and 95% "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import astuple, dataclass, field
+from dataclasses import astuple, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from ragexam.calibrate import read_calibration
 from ragexam.controlruns import CONTROL_RUNS, MEASURED, control_means, measured_diagnosis
 from ragexam.csvfile import escape_cell, unescape_cell
 from ragexam.cutoffs import cutoff_columns
@@ -20,6 +21,7 @@ from ragexam.manifest import read_manifest
 from ragexam.metrics import score_rank
 from ragexam.resampling import RESAMPLES, bootstrap_ci, grouped_bootstrap_ci
 from ragexam.selection import select
+from ragexam.verdict import Verdict, read_verdict
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -67,6 +69,8 @@ class StatsResult:
     worst: pd.DataFrame = field(default_factory=pd.DataFrame)
     context: dict[str, str] = field(default_factory=dict)
     seed: int = 0
+    controls: Verdict | None = None  # the judge's known-answer controls, when it graded some
+    calibration: pd.DataFrame | None = None  # calibration.csv, when a person labelled answers
 
 
 def run_stats(options: StatsOptions) -> StatsResult:
@@ -80,7 +84,11 @@ def run_stats(options: StatsOptions) -> StatsResult:
     paths = {name: out / f"{name}.csv" for name in ("summary_by_document", "summary")}
     paths["report"] = out / "report.html"
     worst, context = worst_questions(questions, k), run_context(out, k)
+    verdict = read_verdict(out)
+    if verdict is not None:
+        overall = overall.assign(**verdict.columns())
     result = StatsResult(by_document, overall, k, paths, worst, context, options.seed)
+    result = replace(result, controls=verdict, calibration=read_calibration(out))
     _write_csv(by_document, paths["summary_by_document"])
     _write_csv(overall, paths["summary"])
     write_report(result, paths["report"])
