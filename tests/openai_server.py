@@ -40,6 +40,8 @@ class Faults:
     max_faults_per_body: int = 2
     malformed_if: Callable[[str], bool] | None = None
     status_if: Callable[[str], int | None] | None = None
+    # A 200 whose body is not a completion: (content type, body) for a chat request's text.
+    raw_200_if: Callable[[str], tuple[str, str] | None] | None = None
 
 
 # What llama-cpp-python's server answers (HTTP 500) to a json_schema response_format.
@@ -96,6 +98,7 @@ class _Out:
     status: int
     payload: Any
     headers: dict[str, str] = field(default_factory=dict)
+    raw: bytes | None = None  # sent as is instead of the JSON payload
 
 
 class FakeOpenAI:
@@ -234,6 +237,10 @@ class FakeOpenAI:
         failure = self._inject(rec, _messages_text(messages), _body_key(messages), chat=True)
         if failure is not None:
             return failure
+        raw = self.faults.raw_200_if(_messages_text(messages)) if self.faults.raw_200_if else None
+        if raw is not None:
+            rec.fault = "raw_200"
+            return _Out(200, None, {"Content-Type": raw[0]}, raw=raw[1].encode())
         reply = (self.responder(body) if self.responder else None) or _default_reply(body)
         if reply.status != 200:
             return _error(reply.status, reply.error_message or "error", headers=reply.headers)
@@ -360,12 +367,13 @@ class _Handler(BaseHTTPRequestHandler):
         if out is None:
             self.close_connection = True
             return
-        data = json.dumps(out.payload).encode()
+        data = json.dumps(out.payload).encode() if out.raw is None else out.raw
         self.send_response(out.status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", out.headers.get("Content-Type", "application/json"))
         self.send_header("Content-Length", str(len(data)))
         for name, value in out.headers.items():
-            self.send_header(name, value)
+            if name != "Content-Type":
+                self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
 

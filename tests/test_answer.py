@@ -149,13 +149,13 @@ def test_a_langchain_store_needs_embedding_and_a_wrong_dimension_is_named(
     )
     before = snapshot(store)
     missing = run_cli("answer", "--chroma", str(store), "--out", "run")
-    assert missing.exit_code == 1
+    assert missing.exit_code == 2
     assert "--embedding" in missing.output and len(missing.output.strip().splitlines()) == 1
     assert env.requests == []
     wrong = run_cli(
         "answer", "--chroma", str(store), "--out", "run", "--embedding", "openai:fake-embed"
     )  # the fake server embeds in 64 dims
-    assert wrong.exit_code == 1
+    assert wrong.exit_code == 2
     assert "dimension 64" in wrong.output and "dimension 16" in wrong.output
     assert env.count() == 0  # no chat call was made
     assert snapshot(store) == before
@@ -221,13 +221,13 @@ def test_a_rag_module_that_fails_to_load_is_a_one_line_error(
         tmp_path / "run" / "qa_dataset.csv", [{"qa_id": "a", "chunk_id": "c0", "question": "q"}]
     )
     result = run_cli("answer", "--out", "run", "--rag", "broken_rag:answer")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.output == (
         "Error: --rag 'broken_rag:answer': importing 'broken_rag' raised RuntimeError: "
         "no vector db at ./db\n"
     )
     missing = run_cli("answer", "--out", "run", "--rag", "broken_rag_typo:answer")
-    assert missing.exit_code == 1 and "cannot import 'broken_rag_typo'" in missing.output
+    assert missing.exit_code == 2 and "cannot import 'broken_rag_typo'" in missing.output
     assert env.requests == []
 
 
@@ -291,3 +291,20 @@ def test_sigkill_midway_then_rerun_answers_each_question_once(
     assert result.exit_code == 0, result.output
     ids = [row["qa_id"] for row in read_csv(output)]
     assert sorted(ids) == sorted(f"q{i}" for i in range(150))
+
+
+def test_a_huge_retrieved_chunk_is_cut_in_the_prompt(env: FakeOpenAI, tmp_path: Path) -> None:
+    huge = "word " * 200_000  # a 1 MB chunk
+    chunks = docs(3)
+    chunks[0].page_content = "START " + huge
+    store = build_store(tmp_path / "store", chunks)
+    env.embedding_dim = 16
+    write_qa(
+        tmp_path / "run" / "qa_dataset.csv", [{"qa_id": "a", "chunk_id": "x", "question": "q"}]
+    )
+    args = ["answer", "--chroma", str(store), "--out", "run", "--embedding", "openai:e"]
+    result = run_cli(*args, "--k", "3", "--max-chunk-chars", "300")
+    assert result.exit_code == 0, result.output
+    sent = str(env.requests[-1].body["messages"][-1]["content"])
+    assert ("START " + huge)[:300] + "\n</chunk>" in sent  # cut at exactly 300 characters
+    assert len(sent) < 5000

@@ -60,12 +60,12 @@ def test_generate_through_a_chroma_server(
     assert len(rows) == 30 and {row["status"] for row in rows} == {"ok"}
     assert {row["chunk_id"] for row in rows} == {f"chunk-{i:04d}" for i in range(30)}
     wrong = run_cli("generate", "--chroma-url", chroma_server, "--collection", "nope")
-    assert wrong.exit_code == 1 and "'nope'" in wrong.output and "handbook" in wrong.output
+    assert wrong.exit_code == 2 and "'nope'" in wrong.output and "handbook" in wrong.output
 
 
 def test_an_unreachable_server_is_one_line_and_no_call(env: FakeOpenAI) -> None:
     result = run_cli("generate", "--chroma-url", f"http://127.0.0.1:{free_port()}")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.output.startswith("Error: cannot reach the Chroma server")
     assert len(result.output.strip().splitlines()) == 1
     assert env.requests == []

@@ -136,5 +136,5 @@ def test_runs_of_different_exams_are_refused(tmp_path: Path) -> None:
         path = b / name
         path.write_text(path.read_text().replace("\na", "\nz").replace("\nb", "\ny"))
     result = run_cli("compare", str(a), str(b))
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.stderr.startswith("Error: ") and "shares no qa_id with" in result.stderr

@@ -95,13 +95,13 @@ def test_resuming_with_another_context_or_k_is_refused_and_rag_cannot_take_a_con
     calls = env.count()
     for extra, named in ((("--k", "3"), "k '2'"), (("--context", "gold"), "context 'retrieved'")):
         refused = run_cli(*common, "--k", "2", *extra)
-        assert refused.exit_code == 1, refused.output
+        assert refused.exit_code == 2, refused.output
         assert named in refused.output and "--force" in refused.output
     other = run_cli(*common, "--k", "2", "--embedding", "openai:other-embed")
-    assert other.exit_code == 1 and "embedding 'openai:fake-embed'" in other.output
+    assert other.exit_code == 2 and "embedding 'openai:fake-embed'" in other.output
     assert env.count() == calls  # refused before any call
     rag = run_cli("answer", "--out", "run", "--rag", "nowhere:rag", "--context", "none")
-    assert rag.exit_code == 1
+    assert rag.exit_code == 2
     assert rag.output.count("\n") == 1 and "cannot be handed a context" in rag.output
     closed = run_cli(
         "answer", "--out", "run/closed", "--qa-dataset", "run/qa_dataset.csv", "--context", "none"
@@ -114,7 +114,7 @@ def test_resuming_with_another_context_or_k_is_refused_and_rag_cannot_take_a_con
 
 def test_controls_refuse_a_users_rag_system(env: FakeOpenAI, tmp_path: Path) -> None:
     refused = run_cli("run", "--chroma", "nowhere", "--rag", "my:rag", "--controls")
-    assert refused.exit_code == 1 and refused.output.count("\n") == 1
+    assert refused.exit_code == 2 and refused.output.count("\n") == 1
     assert "without --rag" in refused.output and env.count() == 0
 
 

@@ -157,7 +157,7 @@ def test_stats_counts_flagged_and_can_leave_them_out_or_keep_one_split(tmp_path:
     assert set(test) == {"A", "ALL"} and test["A"]["questions"] == "2"
     assert float(test["ALL"]["completeness_mean"]) == pytest.approx(0.75)
     unknown = run_cli("stats", "--out", str(run), "--split", "train")
-    assert unknown.exit_code == 1 and "test, validation" in unknown.output
+    assert unknown.exit_code == 2 and "test, validation" in unknown.output
     write_csv(run / "qa_dataset.csv", QA_HEADER, [["q1", "c1", "A", "Q1", "T", "ok", ""]])
     unsplit = run_cli("stats", "--out", str(run), "--split", "test")
-    assert unsplit.exit_code == 1 and "generate with --split" in unsplit.output
+    assert unsplit.exit_code == 2 and "generate with --split" in unsplit.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
 import sqlite3
@@ -29,7 +30,7 @@ def one_line(output: str) -> str:
 def test_missing_store_is_not_created(env: FakeOpenAI, tmp_path: Path) -> None:
     missing = tmp_path / "no-such-store"
     result = run_cli("generate", "--chroma", str(missing), "--out", "run")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "no Chroma store" in one_line(result.output)
     assert not missing.exists()
     assert env.count() == 0
@@ -39,7 +40,7 @@ def test_missing_store_is_not_created(env: FakeOpenAI, tmp_path: Path) -> None:
 def test_the_store_must_be_named_once(env: FakeOpenAI, where: list[str]) -> None:
     for command in ("generate", "answer", "run"):
         result = run_cli(command, *where)
-        assert result.exit_code == 1
+        assert result.exit_code == 2
         assert "exactly one of --chroma PATH and --chroma-url URL" in one_line(result.output)
     assert env.requests == []
 
@@ -48,7 +49,7 @@ def test_wrong_collection_names_the_ones_there(env: FakeOpenAI, tmp_path: Path) 
     store = build_store(tmp_path / "store", docs(5))
     before = snapshot(store)
     result = run_cli("generate", "--chroma", str(store), "--collection", "nope", "--out", "run")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "'nope'" in one_line(result.output) and "handbook" in result.output
     assert snapshot(store) == before
     assert env.count() == 0
@@ -60,7 +61,7 @@ def test_empty_collection(env: FakeOpenAI, tmp_path: Path) -> None:
     SharedSystemClient.clear_system_cache()
     before = snapshot(store)
     result = run_cli("generate", "--chroma", str(store), "--out", "run")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "empty" in one_line(result.output)
     assert snapshot(store) == before == {"empty": ([], [], [], [])}
     assert env.count() == 0
@@ -70,7 +71,7 @@ def test_several_collections_need_a_name(env: FakeOpenAI, tmp_path: Path) -> Non
     store = build_store(tmp_path / "store", docs(3))
     build_store(store, docs(3, "Other"), collection="second")
     result = run_cli("generate", "--chroma", str(store), "--out", "run")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "--collection" in one_line(result.output) and "second" in result.output
     assert env.count() == 0
 
@@ -83,7 +84,7 @@ def test_no_api_key_with_the_default_endpoint(
     monkeypatch.delenv("OPENAI_API_KEY")
     monkeypatch.delenv("OPENAI_BASE_URL")
     result = run_cli("generate", "--chroma", str(store), "--out", "run")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "OPENAI_API_KEY" in one_line(result.output)
     assert snapshot(store) == before
     assert env.count() == 0
@@ -106,7 +107,7 @@ def test_a_refused_key_stops_the_run_and_leaks_nowhere(
     env.api_key = "sk-the-right-one"  # the server echoes a wrong key back in its 401 message
     monkeypatch.setenv("OPENAI_API_KEY", PLANTED)
     result = run_cli("generate", "--chroma", str(store), "--out", "run", "--concurrency", "2")
-    assert result.exit_code == 1
+    assert result.exit_code == 4  # the endpoint refused the key
     assert "refused the API key" in result.output
     assert env.count() < 10  # stopped early, not 50 calls of 401s
     assert any(PLANTED in str(r.body) or PLANTED in str(r.headers) for r in env.requests)
@@ -201,9 +202,44 @@ def test_an_older_store_is_refused_not_migrated(env: FakeOpenAI, tmp_path: Path)
     with sqlite3.connect(store / "chroma.sqlite3") as db:  # look like an older Chroma's store
         newest = db.execute("SELECT max(version) FROM migrations WHERE dir = 'sysdb'").fetchone()
         db.execute("DELETE FROM migrations WHERE dir = 'sysdb' AND version = ?", newest)
-    before = _dump_without_chroma_bookkeeping(store)
+    before, files = _dump_without_chroma_bookkeeping(store), _hashes(store)
     result = run_cli("generate", "--chroma", str(store), "--out", "run")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "older Chroma" in one_line(result.output) and "copy" in result.output
     assert _dump_without_chroma_bookkeeping(store) == before  # no migration, no record changed
+    assert _hashes(store) == files  # not one byte: the refusal wrote no table either
     assert env.count() == 0
+
+
+def _hashes(folder: Path) -> dict[str, bytes]:
+    """Every file of a folder with its bytes' hash."""
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).digest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+def test_a_store_is_byte_identical_after_every_command_even_read_only(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    store = build_store(tmp_path / "store", docs(8))
+    env.embedding_dim = 16
+    before = _hashes(store)
+    for path in [store, *store.rglob("*")]:
+        path.chmod(path.stat().st_mode & ~0o222)  # chmod -R a-w
+    try:
+        generated = run_cli("generate", "--chroma", str(store), "--out", "run")
+        assert generated.exit_code == 0, generated.output
+        assert f"reading a snapshot of {store}" in generated.output
+        answered = run_cli(
+            "answer", "--chroma", str(store), "--out", "run", "--embedding", "openai:e"
+        )
+        assert answered.exit_code == 0, answered.output
+        assert run_cli("judge", "--out", "run").exit_code == 0
+        assert run_cli("stats", "--out", "run").exit_code == 0
+    finally:
+        for path in [store, *store.rglob("*")]:
+            path.chmod(path.stat().st_mode | 0o200)
+    assert _hashes(store) == before
+    assert len(read_csv(tmp_path / "run" / "answers.csv")) == 8

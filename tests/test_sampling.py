@@ -107,8 +107,8 @@ def test_another_sample_into_the_same_file_is_refused(env: FakeOpenAI, tmp_path:
     again = run_cli("generate", "--chroma", store, "--per-document", "2", "--out", "run")
     assert again.exit_code == 0 and env.count() == calls  # the same choice resumes: nothing to do
     refused = run_cli("generate", "--chroma", store, "--sample", "30", "--out", "run")
-    assert refused.exit_code == 1 and "per_document=2" in refused.output
+    assert refused.exit_code == 2 and "per_document=2" in refused.output
     assert "sample=30" in refused.output and env.count() == calls
     everything = run_cli("generate", "--chroma", store, "--out", "run")
-    assert everything.exit_code == 1 and "every chunk" in everything.output
+    assert everything.exit_code == 2 and "every chunk" in everything.output
     assert chosen(tmp_path / "run") == rows

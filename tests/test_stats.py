@@ -225,7 +225,7 @@ def test_bad_input_is_one_line(tmp_path: Path, change: str, message: str) -> Non
     else:
         (run / "qa_dataset.csv").write_text(qa + "a1,c,A,q,t,ok,\n")
     result = run_cli("stats", "--out", str(run))
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.stderr.startswith("Error: ") and message in result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.output
 
@@ -259,3 +259,13 @@ def test_a_document_name_is_never_read_as_terminal_markup(
     result = run_cli("stats", "--out", str(run))
     assert result.exit_code == 0, result.output
     assert "[red]x[/red]" in result.stdout
+
+
+def test_a_huge_k_is_capped_at_the_deepest_rank_retrieved(tmp_path: Path) -> None:
+    run = crafted_run(tmp_path / "run")
+    result = run_cli("stats", "--out", str(run), "--k", "10000")
+    assert result.exit_code == 0, result.output
+    assert "cutoff k=7" in result.output  # b2's rank 7 is the deepest; one id per answer
+    by_document, _, _ = summaries(run)
+    assert math.isclose(float(by_document["E"]["precision"]), 1 / 7)  # e1: hit at rank 1, K=7
+    assert math.isclose(float(by_document["E"]["f1"]), 2 / (7 + 1))

@@ -6,7 +6,7 @@ import asyncio
 import json
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -14,7 +14,8 @@ from typing import Any
 
 from ragexam.config import AnswerContext, Settings
 from ragexam.csvfile import read_rows
-from ragexam.errors import ConfigError, InputFileError, RagexamError, RowError
+from ragexam.errors import ConfigError, RagexamError, RowError
+from ragexam.fingerprint import input_hash
 from ragexam.generate import QA_FILE
 from ragexam.llm import LLM, describe
 from ragexam.prompts import Prompt, context_block, load_prompt
@@ -37,6 +38,12 @@ class Question:
     qa_id: str
     chunk_id: str
     text: str
+    ground_truth: str = ""
+
+    @property
+    def input_hash(self) -> str:
+        """What an answer to it is made from: the question, its ground truth and its source."""
+        return input_hash(self.text, self.ground_truth, self.chunk_id)
 
 
 @dataclass(frozen=True)
@@ -51,20 +58,21 @@ class AnswerOptions:
     rag: str | None = None
     force: bool = False
     context: AnswerContext = AnswerContext.retrieved
+    trust_store_endpoint: bool = False
+    rag_timeout: float | None = None  # seconds per call of a --rag callable [RAGEXAM_TIMEOUT]
+    max_chunk_chars: int = 8000  # each retrieved chunk is cut to this in the prompt
 
 
 def read_questions(path: Path) -> tuple[list[Question], int]:
     """The `ok` questions of a qa_dataset.csv (ours or hand-made), and the count skipped."""
-    rows = read_rows(path, QA_REQUIRED)
-    questions, skipped, seen = [], 0, set()
+    rows = read_rows(path, QA_REQUIRED, key="qa_id", filled=("question", "ground_truth_answer"))
+    questions, skipped = [], 0
     for row in rows:
-        if row["qa_id"] in seen:
-            raise InputFileError(path, f"qa_id {row['qa_id']!r} appears twice; ids must be unique")
-        seen.add(row["qa_id"])
         if row.get("status", "ok") not in ("ok", ""):
             skipped += 1
             continue
-        questions.append(Question(row["qa_id"], row["chunk_id"], row["question"]))
+        ground_truth = row.get("ground_truth_answer", "")
+        questions.append(Question(row["qa_id"], row["chunk_id"], row["question"], ground_truth))
     return questions, skipped
 
 
@@ -82,7 +90,6 @@ def run_answer(
     collection = _collection(options)
     system = _system(settings, options, collection, rag)
     system.questions = list(islice(questions, options.limit))
-    options.out.mkdir(parents=True, exist_ok=True)
     stage = Stage(
         "answer",
         options.out / ANSWERS_FILE,
@@ -108,13 +115,14 @@ def _collection(options: AnswerOptions) -> Any:
 
 def _system(settings: Settings, options: AnswerOptions, collection: Any, rag: Any) -> RagSystem:
     if options.rag is not None:
-        return CustomRag(rag, options.rag, options.store, collection, options.k)
+        timeout = options.rag_timeout or settings.timeout
+        return CustomRag(rag, options.rag, options.store, collection, options.k, timeout)
     settings.api_key()
     if options.context != AnswerContext.retrieved:
         from ragexam.contexts import GivenContext
 
         return GivenContext(settings, options.store, collection, options.context)
-    return BuiltinRag(settings, options.store, collection, options.k)
+    return BuiltinRag(settings, options, collection)
 
 
 class RagSystem(ABC):
@@ -130,6 +138,10 @@ class RagSystem(ABC):
         self.store, self.collection, self.k = store, collection, k
         self.questions: list[Question] = []
         self.pending: list[Question] = []
+
+    def inputs(self) -> Mapping[str, str]:
+        """The input hash of every question this run wants."""
+        return {question.qa_id: question.input_hash for question in self.questions}
 
     def tasks(self, done: set[str]) -> tuple[int, AsyncIterator[Task]]:
         """The questions not yet answered, prepared in batches."""
@@ -158,7 +170,8 @@ class RagSystem(ABC):
                 payloads = await prepared
                 launch()
                 for question, payload in zip(batch, payloads, strict=True):
-                    yield Task(question.qa_id, {**self.fixed(), "rag": self.name}, payload)
+                    known = {**self.fixed(), "rag": self.name, "input_hash": question.input_hash}
+                    yield Task(question.qa_id, known, payload)
         finally:
             for _, prepared in ahead:
                 prepared.cancel()
@@ -223,12 +236,13 @@ class BuiltinRag(RagSystem):
 
     name = "builtin"
 
-    def __init__(self, settings: Settings, store: StoreRef | None, collection: Any, k: int) -> None:
-        super().__init__(store, collection, k)
-        self.retriever = Retriever(
-            collection, make_embedder(settings.embedding, collection, settings), k
-        )
+    def __init__(self, settings: Settings, options: AnswerOptions, collection: Any) -> None:
+        super().__init__(options.store, collection, options.k)
+        trust = options.trust_store_endpoint
+        embedder = make_embedder(settings.embedding, collection, settings, trust)
+        self.retriever = Retriever(collection, embedder, options.k)
         self.embedding = self.retriever.embedder.name
+        self.max_chars = options.max_chunk_chars
         self.ready: dict[str, list[list[Hit]]] = {}  # hits of batches retrieved in advance
         self.prompt: Prompt = load_prompt("answer", settings.prompts_dir)
         self.llm = LLM(
@@ -267,11 +281,19 @@ class BuiltinRag(RagSystem):
         if not question.text.strip():
             raise RowError("the question is empty")
         values = self.prompt.fill(
-            question=question.text, context=context_block([hit.text or "" for hit in hits])
+            question=question.text,
+            context=context_block([(hit.text or "")[: self.max_chars] for hit in hits]),
         )
         reply = await self.llm.text(self.prompt.template.format_messages(**values))
         rank = rank_of(question.chunk_id, source_text, hits)
         return {**answer_row(reply.value, hits, rank), **reply.cost()}
+
+    def manifest(
+        self, settings: Settings, options: AnswerOptions, collection: Any
+    ) -> dict[str, Any]:
+        """Adds where the query embeddings are computed."""
+        endpoint = self.retriever.embedder.endpoint
+        return {**super().manifest(settings, options, collection), "embedding_endpoint": endpoint}
 
     def figures(self) -> dict[str, Any]:
         """Chat calls made."""
@@ -288,16 +310,16 @@ class CustomRag(RagSystem):
     """The user's RAG callable, from `--rag module:callable`."""
 
     def __init__(
-        self, rag: Any, spec: str, store: StoreRef | None, collection: Any, k: int
+        self, rag: Any, spec: str, store: StoreRef | None, collection: Any, k: int, timeout: float
     ) -> None:
         super().__init__(store, collection, k)
-        self.rag, self.name = rag, spec
+        self.rag, self.name, self.timeout = rag, spec, timeout
         self.model, self.prompt_hash = f"rag:{spec}", ""
 
     async def work(self, task: Task) -> dict[str, Any]:
         """Ask the callable; match what it retrieved against the source chunk."""
         question, source_text = task.payload
-        answer, hits = await call_rag(self.rag, question.text)
+        answer, hits = await call_rag(self.rag, question.text, self.timeout)
         missing = [hit.id for hit in hits if hit.text is None and hit.id is not None]
         if missing and source_text is not None:  # ids only: fetch texts to match duplicates
             texts = await self.source_texts(missing)

@@ -97,10 +97,16 @@ CONTROL_RUNS = {"gold": AnswerContext.gold, "closed_book": AnswerContext.none}
 JudgeControlsOpt = Annotated[
     int, _opt("--controls", "Grade 4 known answers to N sampled questions; 0: none.", min=0)
 ]
+RagTimeoutOpt = Annotated[
+    float | None, _opt("--rag-timeout", "Seconds per --rag call [RAGEXAM_TIMEOUT].", min=0.001)
+]
+TrustOpt = Annotated[
+    bool, _opt("--trust-store-endpoint", "Let the store's embedding function send its key.")
+]
 
 
 def handled(command: F) -> F:
-    """Turn a RagexamError into one line on stderr and exit 1; bugs keep a traceback."""
+    """Turn a RagexamError into one line on stderr and its exit code; bugs keep a traceback."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -109,7 +115,7 @@ def handled(command: F) -> F:
             return command(*args, **kwargs)
         except RagexamError as exc:
             say(f"Error: {exc}")
-            raise typer.Exit(1) from None
+            raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             say("Interrupted: every finished row is saved; rerun the same command to go on.")
             raise typer.Exit(130) from None
@@ -128,11 +134,22 @@ def handled(command: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def store_ref(chroma: Path | None, chroma_url: str | None, collection: str | None) -> StoreRef:
+def store_ref(
+    chroma: Path | None, chroma_url: str | None, collection: str | None, timeout: float = 60.0
+) -> StoreRef:
     """The store the options point at; exactly one of --chroma and --chroma-url."""
     if (chroma is None) == (chroma_url is None):
         raise ConfigError("give exactly one of --chroma PATH and --chroma-url URL")
-    return StoreRef(path=chroma, url=chroma_url, collection=collection)
+    return StoreRef(chroma, chroma_url, collection, notify=_notes.append, timeout=timeout)
+
+
+_notes: list[str] = []  # what the core asked to be told, said after the stage's bar
+
+
+def say_notes() -> None:
+    """Say, once, what the core noted while the stage ran (e.g. a store read from a copy)."""
+    while _notes:
+        say(_notes.pop(0))
 
 
 @app.callback()
@@ -172,11 +189,12 @@ def generate(
         max_error_rate=max_error_rate,
         structured_output=structured_output,
     )
-    store = store_ref(chroma, chroma_url, collection)
+    store = store_ref(chroma, chroma_url, collection, settings.store_timeout)
     sampling = Sampling(sample, per_document, seed, split)
     options = GenerateOptions(store, out, limit, doc_key, max_chunk_chars, force, sampling, check)
     with progress_bar("generate") as bar:
         result = run_generate(settings, options, bar)
+    say_notes()
     summary_line("generate", result)
     check_error_rate(result.path, settings.max_error_rate)
 
@@ -198,6 +216,9 @@ def answer(
     max_error_rate: ErrorRateOpt = None,
     force: ForceOpt = False,
     context: ContextOpt = AnswerContext.retrieved,
+    trust_store_endpoint: TrustOpt = False,
+    rag_timeout: RagTimeoutOpt = None,
+    max_chunk_chars: MaxCharsOpt = 8000,
 ) -> None:
     """Have the RAG system answer every question, with the source chunk's rank: answers.csv."""
     from ragexam.answer import AnswerOptions, run_answer
@@ -211,11 +232,25 @@ def answer(
     )
     has_store = chroma is not None or chroma_url is not None
     needs_store = not rag and context != AnswerContext.none
-    store = store_ref(chroma, chroma_url, collection) if has_store or needs_store else None
-    options = AnswerOptions(store, out, qa_dataset, k, limit, rag, force, context)
+    timeout = settings.store_timeout
+    store = store_ref(chroma, chroma_url, collection, timeout) if has_store or needs_store else None
+    options = AnswerOptions(
+        store,
+        out,
+        qa_dataset,
+        k,
+        limit,
+        rag,
+        force,
+        context,
+        trust_store_endpoint=trust_store_endpoint,
+        rag_timeout=rag_timeout,
+        max_chunk_chars=max_chunk_chars,
+    )
     with progress_bar("answer") as bar:
         result = run_answer(settings, options, bar)
     note = f"{result.skipped} questions skipped: they are errors in the qa dataset"
+    say_notes()
     summary_line("answer", result, note if result.skipped else None)
     check_error_rate(result.path, settings.max_error_rate)
 
@@ -382,6 +417,7 @@ def run(
     seed: SampleSeedOpt = 0,
     split: SplitOpt = None,
     check: CheckOpt = False,
+    trust_store_endpoint: TrustOpt = False,
 ) -> None:
     """Run every stage in order: generate, answer, judge, stats."""
     if controls and rag:
@@ -419,6 +455,7 @@ def run(
         model=model,
         max_error_rate=max_error_rate,
         force=force,
+        trust_store_endpoint=trust_store_endpoint,
     )
     judge(
         out=out,

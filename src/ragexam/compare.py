@@ -11,7 +11,8 @@ import pandas as pd
 from rich.table import Table
 from rich.text import Text
 
-from ragexam.csvfile import escape_cell
+from ragexam.csvfile import atomic_file, escape_cell
+from ragexam.display import printable
 from ragexam.errors import InputFileError
 from ragexam.manifest import read_manifest
 from ragexam.resampling import compare_paired
@@ -58,9 +59,8 @@ def run_compare(run_a: Path, run_b: Path, out: Path, seed: int = 0) -> CompareRe
     table = pd.DataFrame(_rows(paired, seed), columns=COLUMNS)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "comparison.csv"
-    temporary = path.with_name(path.name + ".tmp")
-    table.assign(document=table["document"].map(escape_cell)).to_csv(temporary, index=False)
-    temporary.replace(path)
+    with atomic_file(path) as handle:
+        table.assign(document=table["document"].map(escape_cell)).to_csv(handle, index=False)
     return CompareResult(table, warnings, path)
 
 
@@ -146,7 +146,7 @@ def _cells(row: pd.Series) -> list[Text]:
     colour = "green" if row["diff"] > 0 else "red" if row["diff"] < 0 else ""
     counts = "/".join(str(row[name]) for name in ("improved", "worse", "same"))
     cells = [
-        Text(str(row["document"])),
+        Text(printable(str(row["document"]))),
         Text(str(row["metric"])),
         *map(Text, numbers),
         Text(counts),

@@ -8,15 +8,15 @@ unmasked except to build the HTTP client.
 from __future__ import annotations
 
 import os
-import re
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ragexam.errors import ConfigError
+from ragexam.urls import mask_url, parse_http_url
 
 Stage = Literal["generate", "answer", "judge"]
 DEFAULT_MODEL = "gpt-4o-mini"
@@ -83,6 +83,9 @@ class Settings(BaseSettings):
         16, ge=1, le=1024, validation_alias=AliasChoices("concurrency", "RAGEXAM_CONCURRENCY")
     )
     timeout: float = Field(60.0, gt=0, validation_alias=AliasChoices("timeout", "RAGEXAM_TIMEOUT"))
+    store_timeout: float = Field(
+        60.0, gt=0, validation_alias=AliasChoices("store_timeout", "RAGEXAM_STORE_TIMEOUT")
+    )
     max_retries: int = Field(
         4, ge=0, le=20, validation_alias=AliasChoices("max_retries", "RAGEXAM_MAX_RETRIES")
     )
@@ -109,6 +112,14 @@ class Settings(BaseSettings):
         """The bound on one reply of a stage: RAGEXAM_MAX_TOKENS, else the stage's default."""
         return self.max_tokens or STAGE_MAX_TOKENS[stage]
 
+    @field_validator("openai_base_url", "embedding_base_url")
+    @classmethod
+    def _http_url(cls, value: str | None, info: Any) -> str | None:
+        names = {"openai_base_url": "OPENAI_BASE_URL"}
+        if value:
+            parse_http_url(value, names.get(info.field_name, "RAGEXAM_EMBEDDING_BASE_URL"))
+        return value
+
     def model_for(self, stage: Stage) -> str:
         """The model a stage uses: its own variable if set, else RAGEXAM_MODEL."""
         own = {"generate": self.generate_model, "answer": self.answer_model}
@@ -131,7 +142,7 @@ class Settings(BaseSettings):
         key = self.openai_api_key.get_secret_value() if self.openai_api_key else ""
         if len(key) >= 4:
             text = text.replace(key, "***")
-        return _URL_USERINFO.sub(r"\1***@", text)
+        return mask_url(text)
 
     def public(self) -> dict[str, Any]:
         """The settings as plain values, without secrets, for the run manifest."""
@@ -143,16 +154,13 @@ class Settings(BaseSettings):
         return data
 
 
-_URL_USERINFO = re.compile(r"(\w+://)[^/@\s]+@")
-
-
 def load_settings(env_file: Path | None = Path(".env"), **flags: Any) -> Settings:
     """Build settings; flags that are None were not given and do not override."""
     given = {name: value for name, value in flags.items() if value is not None}
     try:
         return Settings(_env_file=env_file, **given)
     except ValueError as exc:
-        raise ConfigError(f"invalid setting: {_first_error(exc)}") from None
+        raise ConfigError(f"invalid setting: {mask_url(_first_error(exc))}") from None
 
 
 def _first_error(exc: ValueError) -> str:

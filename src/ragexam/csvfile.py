@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import os
+import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, replace
 from itertools import accumulate
 from pathlib import Path
 from typing import IO, Any
@@ -49,19 +53,59 @@ def _encode(values: Iterable[str]) -> str:
     return buffer.getvalue()
 
 
-def _records(data: bytes) -> Iterator[tuple[list[str], int]]:
-    """Yield each complete CSV record with the byte offset just past it.
+@dataclass(frozen=True)
+class Record:
+    """One CSV record: its fields, first line (1-based), byte span, and why it is unreadable."""
 
-    Stops at the first torn record: one cut mid-line, mid-quote or mid-character.
+    fields: list[str]
+    line: int
+    start: int
+    end: int
+    problem: str | None = None
+
+
+def scan(data: bytes) -> tuple[list[Record], int]:
+    """Every non-blank record of a CSV, readable or not, and the offset of a torn tail.
+
+    A torn tail is what follows the last newline, or a quoted field still open at the end of
+    the file: what a crash leaves mid-write. Undecodable bytes make their record unreadable,
+    never the records after it.
     """
-    lines = data.split(b"\n")[:-1]  # what follows the last newline is torn or empty
-    ends = list(accumulate(len(line) + 1 for line in lines))
-    reader = csv.reader((line.decode("utf-8") + "\n" for line in lines), strict=True)
+    pieces = data.split(b"\n")
+    tail = len(data) - len(pieces.pop())  # what follows the last newline is torn or empty
+    ends = [0, *accumulate(len(piece) + 1 for piece in pieces)]
+    lines = (piece.decode("utf-8", "surrogateescape") + "\n" for piece in pieces)
+    reader = csv.reader(lines, strict=True)
+    records: list[Record] = []
+    while True:
+        first = reader.line_num + 1
+        try:
+            fields, problem = next(reader), None
+        except StopIteration:
+            return records, tail
+        except csv.Error as exc:
+            if reader.line_num >= len(pieces):  # an open quote ran to the end: a torn tail
+                return records, ends[first - 1]
+            fields, problem = [], f"is not valid CSV ({exc})"
+        if fields or problem:
+            problem = problem or _undecodable(fields)
+            records.append(Record(fields, first, ends[first - 1], ends[reader.line_num], problem))
+
+
+def _counted(record: Record, fields: int) -> Record:
+    """The record, marked unreadable when it has another number of fields than the header."""
+    if record.problem is None and len(record.fields) != fields:
+        problem = f"has {len(record.fields)} fields where the header has {fields}"
+        return replace(record, problem=problem)
+    return record
+
+
+def _undecodable(fields: list[str]) -> str | None:
     try:
-        for record in reader:
-            yield record, ends[reader.line_num - 1]
-    except (csv.Error, UnicodeDecodeError):
-        return
+        "".join(fields).encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not UTF-8 text (save the file as UTF-8)"
+    return None
 
 
 class RowLog:
@@ -70,80 +114,187 @@ class RowLog:
     def __init__(self, path: Path, columns: Sequence[str]) -> None:
         self.path = path
         self.columns = list(columns)
-        self._file: IO[str] | None = None
+        self.quarantined = 0  # unreadable rows moved to FILE.bad-rows by the last load
+        self._fd: int | None = None
+
+    @property
+    def bad_rows_path(self) -> Path:
+        """Where unreadable rows go, with their line numbers."""
+        return self.path.with_name(self.path.name + ".bad-rows")
 
     def load(self) -> list[dict[str, str]]:
-        """Read the rows already written, cutting off a torn last record."""
+        """Read the rows already written; cut a torn tail, move unreadable rows aside.
+
+        Rows from an older version that lacked some columns are read with those empty.
+        """
         if not self.path.exists():
             return []
-        data = self.path.read_bytes()
-        rows, good = [], 0
-        for number, (record, end) in enumerate(_records(data)):
-            if number == 0:
-                self._check_header(record)
-            elif len(record) != len(self.columns):
-                break
-            else:
-                rows.append(dict(zip(self.columns, map(unescape_cell, record), strict=True)))
-            good = end
-        if good < len(data):
+        whole = self.path.read_bytes()
+        data = whole.removeprefix(codecs.BOM_UTF8)
+        records, torn = scan(data)
+        if not records:
+            return []
+        header = records[0]
+        self._check_header(header.fields)
+        rows, bad = [], []
+        for record in records[1:]:
+            record = _counted(record, len(header.fields))
+            if record.problem is not None:
+                bad.append(record)
+                continue
+            cells = dict(zip(header.fields, map(unescape_cell, record.fields), strict=True))
+            rows.append({column: cells.get(column, "") for column in self.columns})
+        self._quarantine(data, bad)
+        if bad or header.fields != self.columns:
+            self.rewrite(rows)
+        elif torn < len(data):  # cut in place: the rows above it keep their bytes
             with self.path.open("r+b") as handle:
-                handle.truncate(good)
+                handle.truncate(len(whole) - len(data) + torn)
         return rows
 
     def _check_header(self, header: list[str]) -> None:
-        if header != self.columns:
+        unknown = [name for name in header if name not in self.columns]
+        if unknown or not header or header[0] != self.columns[0]:
             raise OutputFileError(
                 self.path,
                 "exists with other columns than this version writes; "
                 "move it away or choose another --out",
             )
 
+    def _quarantine(self, data: bytes, bad: list[Record]) -> None:
+        """Append unreadable rows, each under a line naming its line number and problem."""
+        self.quarantined = len(bad)
+        if not bad:
+            return
+        with self.bad_rows_path.open("ab") as handle:
+            for record in bad:
+                handle.write(f"# line {record.line}: {record.problem}\n".encode())
+                handle.write(data[record.start : record.end])
+            handle.flush()
+            os.fsync(handle.fileno())
+
     def rewrite(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """Replace the file atomically with a header and these rows."""
-        temporary = self.path.with_name(self.path.name + ".tmp")
-        with temporary.open("w", encoding="utf-8", newline="") as handle:
+        with atomic_file(self.path) as handle:
             handle.write(_encode(self.columns))
             for row in rows:
                 handle.write(self._line(row))
-            handle.flush()
-            os.fsync(handle.fileno())
-        temporary.replace(self.path)
 
     def append(self, row: Mapping[str, Any]) -> None:
-        """Write one row and flush it to the OS, so a killed process keeps it."""
-        if self._file is None:
+        """Write one row straight to the OS, so a killed process keeps it.
+
+        A write that fails (disk full) is cut back to the end of the last whole row, and
+        raises OutputFileError: the file never keeps half a row.
+        """
+        if self._fd is None:
             if not self.path.exists() or self.path.stat().st_size == 0:
                 self.rewrite([])
-            self._file = self.path.open("a", encoding="utf-8", newline="")
-        self._file.write(self._line(row))
-        self._file.flush()
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        data = self._line(row).encode("utf-8")
+        size = os.fstat(self._fd).st_size
+        try:
+            while data:
+                data = data[os.write(self._fd, data) :]
+        except OSError as exc:
+            os.ftruncate(self._fd, size)
+            raise OutputFileError(
+                self.path,
+                f"cannot be written: {exc.strerror}; make room and rerun the same "
+                "command, every finished row is kept",
+            ) from None
 
     def _line(self, row: Mapping[str, Any]) -> str:
         return _encode(format_cell(row.get(column)) for column in self.columns)
 
     def close(self) -> None:
         """Flush to disk and close."""
-        if self._file is not None:
-            os.fsync(self._file.fileno())
-            self._file.close()
-            self._file = None
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
 
-def read_rows(path: Path, required: Sequence[str]) -> list[dict[str, str]]:
-    """Read an input CSV written by ragexam or by hand; it must hold the `required` columns."""
+@contextmanager
+def atomic_file(path: Path) -> Iterator[IO[str]]:
+    """Write a text file under a unique temporary name, then rename it over `path`.
+
+    The unique name means two writers never share a temporary file; a failed write leaves
+    `path` as it was and removes the temporary file.
+    """
+    descriptor, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with path.open(encoding="utf-8-sig", newline="") as handle:
-            reader = csv.DictReader(handle)
-            columns = reader.fieldnames or []
-            missing = [name for name in required if name not in columns]
-            if missing:
-                raise InputFileError(path, f"lacks the column(s) {', '.join(missing)}")
-            return [
-                {key: unescape_cell(value or "") for key, value in row.items() if key}
-                for row in reader
-            ]
+        with os.fdopen(descriptor, "w", encoding="utf-8", newline="") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        Path(name).replace(path)
+    except BaseException:
+        with suppress(FileNotFoundError):
+            Path(name).unlink()
+        raise
+
+
+def read_rows(
+    path: Path, required: Sequence[str], key: str | None = None, filled: Sequence[str] = ()
+) -> list[dict[str, str]]:
+    """Read an input CSV written by ragexam or by hand; it must hold the `required` columns.
+
+    Any unreadable record (not UTF-8, broken quoting, too few or too many fields), a `key`
+    seen twice, or an `ok` row with an empty `filled` column is a one-line error naming the
+    file and the line.
+    """
+    try:
+        data = path.read_bytes().removeprefix(codecs.BOM_UTF8)
     except FileNotFoundError:
         raise InputFileError(path, "not found; run the stage that writes it first") from None
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise InputFileError(path, f"is not a readable UTF-8 CSV ({exc})") from None
+    except IsADirectoryError:
+        raise InputFileError(path, "is a folder, not a CSV file; pass the file's path") from None
+    except OSError as exc:
+        raise InputFileError(path, f"cannot be read ({exc.strerror})") from None
+    if data and not data.endswith(b"\n"):
+        data += b"\n"  # a hand-made file may lack the last newline; its last line still counts
+    records, torn = scan(data)
+    if torn < len(data):
+        raise InputFileError(
+            path, "ends inside a quoted field: a quote is not closed", _line(data, torn)
+        )
+    if not records:
+        raise InputFileError(path, f"is empty; it needs the column(s) {', '.join(required)}")
+    header = records[0]
+    missing = [name for name in required if name not in header.fields]
+    if header.problem or missing:
+        raise InputFileError(path, header.problem or f"lacks the column(s) {', '.join(missing)}", 1)
+    rows = _checked_rows(path, header.fields, records[1:], key)
+    for row, record in zip(rows, records[1:], strict=True):
+        empty = [name for name in filled if name in row and not row[name].strip()]
+        if empty and row.get("status", "ok") in ("ok", ""):
+            raise InputFileError(path, f"the {empty[0]} is empty", record.line)
+    return rows
+
+
+def _checked_rows(
+    path: Path, columns: list[str], records: list[Record], key: str | None
+) -> list[dict[str, str]]:
+    rows, seen = [], set()
+    for record in records:
+        record = _counted(record, len(columns))
+        if record.problem is not None:
+            raise InputFileError(path, record.problem, record.line)
+        row = {
+            name: unescape_cell(value)
+            for name, value in zip(columns, record.fields, strict=True)
+            if name
+        }
+        if key is not None:
+            if row[key] in seen:
+                raise InputFileError(path, f"{key} {row[key]!r} appears twice", record.line)
+            seen.add(row[key])
+        rows.append(row)
+    return rows
+
+
+def _line(data: bytes, offset: int) -> int:
+    """The 1-based line at a byte offset."""
+    return data.count(b"\n", 0, offset) + 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -24,11 +25,18 @@ if TYPE_CHECKING:
     from ragexam.runner import StageResult
 
 err = Console(stderr=True)
+# C0 and C1 control characters, DEL included; tab and newline are kept.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """Text with control characters (terminal escapes among them) shown as '?'."""
+    return _CONTROL.sub("?", text)
 
 
 def say(text: str) -> None:
-    """One plain line on stderr (no markup, no highlighting, never wrapped)."""
-    err.print(text, markup=False, highlight=False, soft_wrap=True)
+    """One plain line on stderr (no markup, no highlighting, never wrapped, no escapes)."""
+    err.print(printable(text), markup=False, highlight=False, soft_wrap=True)
 
 
 class _SayWarnings(logging.Handler):
@@ -109,6 +117,11 @@ def summary_line(stage: str, result: StageResult, skipped_note: str | None = Non
         f"done before) in {outcome.seconds:.1f}s, {rate:.1f} rows/s; tokens "
         f"{outcome.prompt_tokens:,} in + {outcome.completion_tokens:,} out -> {result.path}"
     )
+    if outcome.redone:
+        say(f"  {outcome.redone} rows redone: their input changed since they were made")
+    if outcome.quarantined:
+        bad = result.path.with_name(result.path.name + ".bad-rows")
+        say(f"  {outcome.quarantined} unreadable rows moved to {bad} (line numbers kept)")
     for reason, count in sorted(outcome.reasons.items(), key=lambda item: -item[1])[:3]:
         say(f"  {count} x {reason}")
     if skipped_note:

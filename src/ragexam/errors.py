@@ -1,6 +1,6 @@
 """The one error tree of ragexam: every expected failure is a RagexamError.
 
-    RagexamError              caught once by the CLI: "Error: <message>", exit 1
+    RagexamError              caught once by the CLI: "Error: <message>", exit 2
     ├── ConfigError           a setting is missing or invalid (API key, option values)
     ├── StoreError            the Chroma store or collection cannot be read as asked
     ├── InputFileError        an input CSV is missing, unreadable or lacks columns
@@ -9,8 +9,12 @@
     ├── RowError              one row cannot be done (empty chunk, failing RAG callable)
     ├── LLMError              one call failed for good (carries attempts and raw output)
     │   └── OutputError       the model replied, but not with valid structured output
-    ├── AuthError             the endpoint refused the key repeatedly: the run stops
-    └── TooManyErrors         the run finished, with more error rows than allowed
+    ├── AuthError             the endpoint refused the key repeatedly: the run stops (exit 4)
+    ├── EndpointError         an endpoint cannot be reached or refuses every call (exit 4)
+    ├── TooManyErrors         the run finished, with more error rows than allowed (exit 1)
+    └── RunFolderBusy         another ragexam process is writing to the run folder
+
+Each class says its exit code in `exit_code` (the design's "Exit codes").
 
 Anything else that escapes is a bug and keeps its traceback.
 """
@@ -22,6 +26,8 @@ from pathlib import Path
 
 class RagexamError(Exception):
     """Base class: an expected failure with a message that says what to do next."""
+
+    exit_code = 2  # bad input or usage, unless a subclass says otherwise
 
 
 class ConfigError(RagexamError):
@@ -35,13 +41,14 @@ class StoreError(RagexamError):
 class InputFileError(RagexamError):
     """An input CSV is missing, unreadable, or lacks required columns."""
 
-    def __init__(self, path: Path, problem: str) -> None:
-        self.path = path
-        super().__init__(f"{path}: {problem}")
+    def __init__(self, path: Path, problem: str, line: int | None = None) -> None:
+        self.path, self.line = path, line
+        where = f"{path}, line {line}" if line is not None else f"{path}"
+        super().__init__(f"{where}: {problem}")
 
 
 class OutputFileError(RagexamError):
-    """An existing output file cannot be resumed safely."""
+    """An existing output file cannot be resumed safely, or the run folder cannot be written."""
 
     def __init__(self, path: Path, problem: str) -> None:
         self.path = path
@@ -81,9 +88,19 @@ class OutputError(LLMError):
 class AuthError(RagexamError):
     """The endpoint rejected the API key; every further call would fail too."""
 
+    exit_code = 4
+
+
+class EndpointError(RagexamError):
+    """An endpoint cannot be reached, or refuses the call that every row needs."""
+
+    exit_code = 4
+
 
 class TooManyErrors(RagexamError):
     """More rows ended in error than --max-error-rate allows."""
+
+    exit_code = 1
 
     def __init__(self, errors: int, total: int, limit: float, path: Path) -> None:
         self.errors, self.total, self.limit, self.path = errors, total, limit, path
@@ -91,4 +108,15 @@ class TooManyErrors(RagexamError):
         super().__init__(
             f"{errors} of {total} rows ({share:.1%}) ended in error, above --max-error-rate "
             f"{limit:g}; the reasons are in the error column of {path}; rerun to retry them"
+        )
+
+
+class RunFolderBusy(RagexamError):
+    """Another ragexam process holds the run folder's lock."""
+
+    def __init__(self, out: Path, pid: str) -> None:
+        self.out, self.pid = out, pid
+        super().__init__(
+            f"another ragexam (pid {pid}) is writing to {out}; wait for it to finish, "
+            "or choose another --out"
         )

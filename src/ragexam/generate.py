@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field, field_validator
 from ragexam.config import Settings
 from ragexam.csvfile import read_rows
 from ragexam.errors import RowError
+from ragexam.fingerprint import input_hash
 from ragexam.flags import Critique, cheap_flags, critic_flags, join_flags, normalise
 from ragexam.llm import LLM, Reply
 from ragexam.prompts import Prompt, load_prompt
@@ -75,7 +76,6 @@ def run_generate(
     collection = open_collection(options.store)
     check_resume(options.out, options.out / QA_FILE, options.sampling)
     plan = GeneratePlan(settings, options, collection)
-    options.out.mkdir(parents=True, exist_ok=True)
     stage = Stage(
         "generate", options.out / QA_FILE, "qa_id", QA_COLUMNS, plan.llm.model, plan.prompt.hash
     )
@@ -125,6 +125,15 @@ class GeneratePlan:
         chunks = (c for c in iter_chunks(self.collection, self.options.doc_key) if c.id in wanted)
         left = sum(qa_id_for(chunk_id) not in done for chunk_id in wanted)
         return left, _tasks(chunks, done, self.options.max_chunk_chars, splits)
+
+    def inputs(self) -> Mapping[str, str]:
+        """The input hash of every chunk this run wants: its text as sent, and its document."""
+        if self.options.sampling.active:
+            tasks = self._sampled(set())[1]
+        else:
+            chunks = islice(iter_chunks(self.collection, self.options.doc_key), self.options.limit)
+            tasks = _tasks(chunks, set(), self.options.max_chunk_chars)
+        return {task.key: task.known["input_hash"] for task in tasks}
 
     async def work(self, task: Task) -> dict[str, Any]:
         """Ask for a QAPair about the chunk."""
@@ -196,11 +205,13 @@ def _tasks(
         qa_id = qa_id_for(chunk.id)
         if qa_id in done:
             continue
+        text = chunk.text[:max_chars]
         known = {
             "chunk_id": chunk.id,
             "document": chunk.document,
             "truncated": len(chunk.text) > max_chars,
             "chunk_chars": len(chunk.text),
             "split": (splits or {}).get(chunk.id),
+            "input_hash": input_hash(text, chunk.document),
         }
-        yield Task(qa_id, known, chunk.text[:max_chars])
+        yield Task(qa_id, known, text)

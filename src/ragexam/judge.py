@@ -8,7 +8,7 @@ row with the reason and the raw reply, never a default score.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from ragexam.controls import (
 )
 from ragexam.csvfile import read_rows
 from ragexam.errors import LLMError, RowError
+from ragexam.fingerprint import input_hash
 from ragexam.generate import QA_FILE
 from ragexam.llm import LLM, Reply
 from ragexam.manifest import read_manifest
@@ -113,15 +114,25 @@ class Exam:
     answer: str
     document: str = ""
 
+    @property
+    def input_hash(self) -> str:
+        """What a grade is made from: the question, its ground truth and the answer."""
+        return input_hash(self.question, self.ground_truth, self.answer)
+
 
 def read_exams(qa_path: Path, answers_path: Path) -> tuple[list[Exam], int]:
     """Answered questions joined on qa_id, and the count of error answers skipped."""
     qa = {
         row["qa_id"]: row
-        for row in read_rows(qa_path, ("qa_id", "question", "ground_truth_answer"))
+        for row in read_rows(
+            qa_path,
+            ("qa_id", "question", "ground_truth_answer"),
+            key="qa_id",
+            filled=("question", "ground_truth_answer"),
+        )
     }
     exams, skipped = [], 0
-    for row in read_rows(answers_path, ("qa_id", "answer", "status")):
+    for row in read_rows(answers_path, ("qa_id", "answer", "status"), key="qa_id"):
         if row["status"] != "ok":
             skipped += 1
             continue
@@ -238,7 +249,12 @@ class JudgePlan:
     def tasks(self, done: set[str]) -> tuple[int, Iterator[Task]]:
         """The answers not yet judged."""
         left = [exam for exam in self.exams if exam.qa_id not in done]
-        return len(left), (Task(exam.qa_id, self.known(), exam) for exam in left)
+        tasks = (Task(e.qa_id, {**self.known(), "input_hash": e.input_hash}, e) for e in left)
+        return len(left), tasks
+
+    def inputs(self) -> Mapping[str, str]:
+        """The input hash of every answer this run wants graded."""
+        return {exam.qa_id: exam.input_hash for exam in self.exams}
 
     async def work(self, task: Task) -> dict[str, Any]:
         """Ask for the grades `samples` times; the row is ok if one sample validated."""
@@ -317,10 +333,18 @@ class ControlPlan(JudgePlan):
         left = [control for control in self.controls if control.key not in done]
         return len(left), (self._task(control) for control in left)
 
+    def inputs(self) -> Mapping[str, str]:
+        """The input hash of every control this run wants graded."""
+        return {control.key: self._exam(control).input_hash for control in self.controls}
+
     def _task(self, control: Control) -> Task:
+        exam = self._exam(control)
+        known = {**self.known(), **control.columns(), "input_hash": exam.input_hash}
+        return Task(control.key, known, exam)
+
+    def _exam(self, control: Control) -> Exam:
         source = control.source
-        exam = Exam(source.qa_id, source.question, source.ground_truth, control.answer)
-        return Task(control.key, {**self.known(), **control.columns()}, exam)
+        return Exam(source.qa_id, source.question, source.ground_truth, control.answer)
 
     async def work(self, task: Task) -> dict[str, Any]:
         """Grade the control answer; it passes when its grades fall within its kind's bounds."""

@@ -29,6 +29,7 @@ from ragexam.config import Settings, StructuredMethod, SystemRole
 from ragexam.endpoint import ModelCheck, ReplyBound, root_cause
 from ragexam.errors import AuthError, LLMError, OutputError
 from ragexam.prompts import system_as_user
+from ragexam.replies import InvalidReply, NoAnswer, check_reply
 from ragexam.structured import (
     CUT_OFF,
     MethodChoice,
@@ -50,6 +51,7 @@ RETRYABLE = (
     openai.APIConnectionError,
     openai.ConflictError,
     OutputError,
+    InvalidReply,
 )
 MAX_RETRY_AFTER = 120.0
 
@@ -114,7 +116,9 @@ class LLM:
             temperature=temperature,
             # Our own client: langchain-openai's shared default is bound to the first event
             # loop, and would break the next stage's asyncio.run in the same process.
-            http_async_client=openai.DefaultAsyncHttpxClient(),
+            http_async_client=openai.DefaultAsyncHttpxClient(
+                event_hooks={"response": [check_reply]}
+            ),
         )
         self.bound = ReplyBound(settings.openai_base_url, self.max_tokens)
         self.chat.extra_body = self.bound.body()
@@ -262,6 +266,8 @@ class LLM:
         reason = self.redact(describe(exc))
         if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
             raise AuthError(f"the endpoint refused the API key: {reason}") from None
+        if isinstance(exc, NoAnswer):  # asking again would pay for the same refusal
+            raise LLMError(reason, attempts=attempt, tokens=(tokens[0], tokens[1])) from None
         if not isinstance(exc, RETRYABLE):
             if isinstance(exc, openai.APIError):
                 raise LLMError(reason, attempts=attempt, tokens=(tokens[0], tokens[1])) from None

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ragexam import __version__
+from ragexam.csvfile import atomic_file
+from ragexam.errors import OutputFileError
 
 
 def update_manifest(out: Path, stage: str, record: Mapping[str, Any]) -> Path:
@@ -16,16 +18,20 @@ def update_manifest(out: Path, stage: str, record: Mapping[str, Any]) -> Path:
     path = out / "manifest.json"
     try:
         manifest = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-    except (OSError, json.JSONDecodeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         manifest = {}  # a torn manifest is rebuilt; the CSVs are the record of results
+    if not isinstance(manifest, dict):
+        raise OutputFileError(path, "is not a JSON object; move it away and ragexam rebuilds it")
     manifest["ragexam_version"] = __version__
     manifest.setdefault("stages", {})[stage] = {
         **record,
         "updated": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    temporary = path.with_name("manifest.json.tmp")
-    temporary.write_text(json.dumps(manifest, indent=2, default=str) + "\n", encoding="utf-8")
-    temporary.replace(path)
+    try:
+        with atomic_file(path) as handle:
+            handle.write(json.dumps(manifest, indent=2, default=str) + "\n")
+    except OSError as exc:
+        raise OutputFileError(path, f"cannot be written: {exc.strerror}") from None
     return path
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import string
 import tomllib
 from functools import cache
@@ -17,6 +18,9 @@ from ragexam.errors import PromptError
 
 # Data delimiters that a prompt wraps around untrusted text (chunks, answers, questions).
 DATA_TAGS = ("chunk", "question", "answer", "ground_truth")
+
+
+_DATA_TAG = re.compile(rf"<(?=\s*/?\s*(?:{'|'.join(DATA_TAGS)})(?:[\s/>]|$))", re.IGNORECASE)
 
 
 class Delimited(str):
@@ -64,10 +68,11 @@ class Prompt:
 
 
 def neutralise(text: str) -> str:
-    """Stop data from closing its own delimiter: `</chunk>` inside a chunk becomes `</ chunk>`."""
-    for tag in DATA_TAGS:
-        text = text.replace(f"</{tag}>", f"</ {tag}>").replace(f"<{tag}>", f"< {tag}>")
-    return text
+    """Stop data from opening or closing a delimiter: `</chunk>` in a chunk becomes `&lt;/chunk>`.
+
+    In any case and spacing (`</ANSWER>`, `< /Answer >`), as a model reads them all alike.
+    """
+    return _DATA_TAG.sub(r"&lt;", text)
 
 
 def context_block(texts: list[str]) -> Delimited:

@@ -4,7 +4,8 @@ The callable takes the question (a string) and returns the answer and the retrie
 best first, as a `(answer, retrieved)` tuple or a mapping with `answer` and one of
 `retrieved`, `context`, `source_documents` or `documents`. Retrieved chunks are ids
 (strings) or LangChain `Document`s. It may be a plain or async function or a LangChain
-Runnable; plain functions run in worker threads, `--concurrency` at a time.
+Runnable; plain functions run in worker threads, `--concurrency` at a time, and each call
+has `--rag-timeout` seconds to answer.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import asyncio
 import importlib
 import inspect
 import sys
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ragexam.deadline import DeadlineExceeded, await_with_deadline
 from ragexam.errors import ConfigError, RowError
 from ragexam.retrieval import Hit
 
@@ -49,21 +51,41 @@ def load_rag(spec: str) -> Any:
     return target
 
 
-async def call_rag(rag: Any, question: str) -> tuple[str, list[Hit]]:
-    """Ask the user's RAG one question; anything it raises becomes this row's error."""
+async def call_rag(rag: Any, question: str, seconds: float) -> tuple[str, list[Hit]]:
+    """Ask the user's RAG one question; what it raises, or not answering in time, is an error.
+
+    A plain function runs in a daemon thread that is abandoned at the deadline, so a hung
+    call neither blocks the run nor keeps Ctrl-C from ending it.
+    """
     try:
-        if hasattr(rag, "ainvoke"):
-            result = await rag.ainvoke(question)
-        elif inspect.iscoroutinefunction(rag) or inspect.iscoroutinefunction(
-            getattr(rag, "__call__", None)  # noqa: B004 - an async __call__ method
-        ):
-            result = await rag(question)
-        else:
-            result = await asyncio.to_thread(rag, question)
+        result = await _within(seconds, _invoke(rag, question, seconds))
+    except DeadlineExceeded:
+        late = f"the RAG callable did not answer within {seconds:g}s (--rag-timeout)"
+        raise RowError(late) from None
     except Exception as exc:
         message = " ".join(str(exc).split())[:300]
         raise RowError(f"the RAG callable raised {type(exc).__name__}: {message}") from None
     return normalise(result)
+
+
+def _invoke(rag: Any, question: str, seconds: float) -> Awaitable[Any]:
+    if hasattr(rag, "ainvoke"):
+        return rag.ainvoke(question)  # type: ignore[no-any-return]
+    if inspect.iscoroutinefunction(rag) or inspect.iscoroutinefunction(
+        getattr(rag, "__call__", None)  # noqa: B004 - an async __call__ method
+    ):
+        return rag(question)  # type: ignore[no-any-return]
+    return await_with_deadline(rag, seconds, question)
+
+
+async def _within(seconds: float, awaitable: Awaitable[Any]) -> Any:
+    """Await, or raise DeadlineExceeded; the callable's own TimeoutError stays its error."""
+    task = asyncio.ensure_future(awaitable)
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    if not done:
+        task.cancel()
+        raise DeadlineExceeded(f"no answer within {seconds:g}s")
+    return task.result()
 
 
 def normalise(result: Any) -> tuple[str, list[Hit]]:

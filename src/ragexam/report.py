@@ -14,6 +14,8 @@ from rich.text import Text
 
 from ragexam.charts import bars, diagnosis_colour, histogram, scatter
 from ragexam.controlcharts import sections as measured_sections
+from ragexam.csvfile import atomic_file
+from ragexam.display import printable
 from ragexam.resampling import RESAMPLES
 from ragexam.stats import DIAGNOSES, LOW_COMPLETENESS, LOW_CONCISENESS, LOW_HIT_RATE, StatsResult
 
@@ -76,7 +78,10 @@ def terminal_table(result: StatsResult) -> Table:
 def _terminal_cells(row: pd.Series, counts: list[str]) -> list[Text]:
     """One row's cells; Text keeps a document name like "[red]" from being read as markup."""
     diagnosis = str(row["diagnosis"])
-    cells = [Text(str(row["document"])), Text(diagnosis, style=diagnosis_colour(diagnosis, True))]
+    cells = [
+        Text(printable(str(row["document"]))),
+        Text(diagnosis, style=diagnosis_colour(diagnosis, True)),
+    ]
     cells += [Text(str(row[name])) for name in counts]
     for name, mean, _ in MEANS:
         low, high = row[f"{name}_ci_low"], row[f"{name}_ci_high"]
@@ -150,9 +155,8 @@ def write_report(result: StatsResult, path: Path) -> Path:
         f"<title>ragexam report</title><style>{STYLE}</style></head>\n"
         "<body><main>\n" + "\n".join(sections) + "\n</main></body></html>\n"
     )
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(page, encoding="utf-8")
-    temporary.replace(path)
+    with atomic_file(path) as handle:
+        handle.write(page)
     return path
 
 

@@ -17,7 +17,10 @@ from typing import Any, Protocol
 import openai
 
 from ragexam.config import Settings
-from ragexam.errors import ConfigError, StoreError
+from ragexam.endpoints import check_key_destination
+from ragexam.errors import ConfigError, EndpointError, StoreError
+from ragexam.llm import describe
+from ragexam.urls import mask_url
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class Embedder(Protocol):
     """Turns a batch of questions into query vectors."""
 
     name: str
+    endpoint: str | None
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
         """One vector per text."""
@@ -55,7 +59,7 @@ class Embedder(Protocol):
 class CollectionEmbedder:
     """The embedding function Chroma stored with the collection."""
 
-    def __init__(self, collection: Any) -> None:
+    def __init__(self, collection: Any, settings: Settings, trust: bool = False) -> None:
         function = collection.configuration.get("embedding_function")
         if function is None:
             raise ConfigError(
@@ -65,6 +69,7 @@ class CollectionEmbedder:
             )
         self.function = function
         self.name = f"collection:{_function_name(function)}"
+        self.endpoint = check_key_destination(function, self.name, settings, trust)
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
         """Embed in a worker thread: Chroma's functions are synchronous."""
@@ -95,6 +100,10 @@ class OpenAIEmbedder:
         from langchain_openai import OpenAIEmbeddings
 
         self.name = f"openai:{model}"
+        base_url = settings.embedding_base_url or settings.openai_base_url
+        self.base_url = mask_url(base_url or "https://api.openai.com/v1")
+        self.endpoint: str | None = self.base_url
+        self.redact = settings.redact
         self.client = OpenAIEmbeddings(
             model=model,
             openai_api_key=settings.api_key(),
@@ -106,10 +115,20 @@ class OpenAIEmbedder:
         )
 
     async def embed(self, texts: list[str]) -> list[list[float]]:
-        """One HTTP call per batch of questions; one vector per question, or a ConfigError."""
+        """One HTTP call per batch of questions; one vector per question, or a ConfigError.
+
+        A failure after the retries is an EndpointError that says which endpoint failed.
+        """
         with warnings.catch_warnings():  # a per-token reply trips pydantic's serializer warning
             warnings.filterwarnings("ignore", "Pydantic serializer warnings", UserWarning)
-            vectors = await self.client.aembed_documents(texts)
+            try:
+                vectors = await self.client.aembed_documents(texts)
+            except openai.APIError as exc:
+                raise EndpointError(
+                    f"the embedding endpoint ({self.name} at {self.base_url}) failed: "
+                    f"{self.redact(describe(exc))}; check RAGEXAM_EMBEDDING_BASE_URL or "
+                    "OPENAI_BASE_URL, the key, and the model name"
+                ) from None
         per_token = next((v for v in vectors if v and isinstance(v[0], list)), None)
         if per_token is not None:
             raise ConfigError(
@@ -126,10 +145,10 @@ class OpenAIEmbedder:
             await self.client.http_async_client.aclose()
 
 
-def make_embedder(spec: str, collection: Any, settings: Settings) -> Embedder:
-    """The embedder an `--embedding` spec names."""
+def make_embedder(spec: str, collection: Any, settings: Settings, trust: bool = False) -> Embedder:
+    """The embedder an `--embedding` spec names; `trust` lets a store's endpoint get a key."""
     if spec == "collection":
-        return CollectionEmbedder(collection)
+        return CollectionEmbedder(collection, settings, trust)
     if spec.startswith("openai:") and len(spec) > len("openai:"):
         return OpenAIEmbedder(settings, spec.removeprefix("openai:"))
     raise ConfigError(f"--embedding {spec!r} is not 'collection' or 'openai:MODEL'")

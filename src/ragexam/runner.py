@@ -16,6 +16,8 @@ from typing import Any, Protocol
 
 from ragexam.csvfile import RowLog, read_rows
 from ragexam.errors import AuthError, LLMError, OutputFileError, RagexamError, TooManyErrors
+from ragexam.fingerprint import changed_inputs
+from ragexam.lock import run_folder_lock
 from ragexam.manifest import update_manifest
 
 # Columns the runner fills for every stage, after the stage's own.
@@ -24,6 +26,7 @@ RUN_COLUMNS = (
     "error",
     "model",
     "prompt_hash",
+    "input_hash",
     "prompt_tokens",
     "completion_tokens",
     "attempts",
@@ -45,7 +48,7 @@ class Task:
 
 @dataclass(frozen=True)
 class Stage:
-    """What a stage writes, and the fingerprint (model, prompt) its rows must share."""
+    """What a stage writes, and the fingerprint (model, prompt, fixed settings) its rows share."""
 
     name: str
     path: Path
@@ -65,6 +68,8 @@ class Outcome:
     """What a run did: rows by result, and what the calls cost."""
 
     done_before: int = 0
+    redone: int = 0  # rows that were ok, but made from an input that has changed since
+    quarantined: int = 0  # unreadable rows moved to FILE.bad-rows
     ok: int = 0
     errors: int = 0
     prompt_tokens: int = 0
@@ -79,6 +84,8 @@ class Outcome:
             "rows_ok": self.ok,
             "rows_error": self.errors,
             "rows_done_before": self.done_before,
+            "rows_redone": self.redone,
+            "rows_quarantined": self.quarantined,
             "seconds": round(self.seconds, 3),
             "rows_per_second": round(rows / self.seconds, 2) if self.seconds else None,
             "prompt_tokens": self.prompt_tokens,
@@ -131,8 +138,12 @@ class Runner:
         self._previous_errors: dict[str, Mapping[str, Any]] = {}
         self._started: set[str] = set()
 
-    def resume(self) -> set[str]:
-        """Load the output, keep its `ok` rows, and return their keys (which are skipped)."""
+    def resume(self, inputs: Callable[[], Mapping[str, str]] = dict) -> set[str]:
+        """Load the output, keep its `ok` rows that are still current, return their keys.
+
+        `inputs` gives the input hash of every row this run wants; an `ok` row whose input
+        has changed is redone. Rows of another model, prompt or settings need --force.
+        """
         ok: dict[str, Mapping[str, Any]] = {}
         for row in self.log.load():
             key = row[self.stage.key]
@@ -141,7 +152,12 @@ class Runner:
                 self._previous_errors.pop(key, None)
             elif key not in ok:
                 self._previous_errors[key] = row
+        self.outcome.quarantined = self.log.quarantined
         self._check_fingerprint(ok)
+        changed = changed_inputs(ok, inputs) if ok else []
+        for key in changed:
+            del ok[key]
+        self.outcome.redone = len(changed)
         self.log.rewrite(ok.values())  # error rows go; they come back retried or untouched
         self.outcome.done_before = len(ok)
         return set(ok)
@@ -187,9 +203,11 @@ class Runner:
             for worker in workers:
                 worker.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
-            self._restore_untouched_errors()
-            self.log.close()
             self.outcome.seconds = time.monotonic() - started
+            try:
+                self._restore_untouched_errors()
+            finally:
+                self.log.close()
         return self.outcome
 
     async def _worker(self, source: AsyncIterator[Task], lock: asyncio.Lock, work: Work) -> None:
@@ -252,7 +270,14 @@ class Plan(Protocol):
     """What a stage hands the runner: its tasks, the work of one row, and its resources."""
 
     def tasks(self, done: set[str]) -> tuple[int | None, Iterable[Task] | AsyncIterator[Task]]:
-        """How many rows are left (if known) and the tasks, given the keys already done."""
+        """How many rows are left (if known) and the tasks, given the keys already done.
+
+        Each task's `known` holds its `input_hash`.
+        """
+        ...
+
+    def inputs(self) -> Mapping[str, str]:
+        """The input hash of every row this run wants, by key."""
         ...
 
     async def work(self, task: Task) -> dict[str, Any]:
@@ -289,11 +314,21 @@ def execute(
     how: RunSettings,
     progress: Progress | None = None,
 ) -> Outcome:
-    """Resume the stage's output, run what is left in one event loop, and keep the manifest."""
+    """Resume the stage's output, run what is left in one event loop, and keep the manifest.
+
+    The run folder is locked throughout: one writer at a time.
+    """
+    with run_folder_lock(how.out):
+        return _execute(stage, plan, record, how, progress)
+
+
+def _execute(
+    stage: Stage, plan: Plan, record: dict[str, Any], how: RunSettings, progress: Progress | None
+) -> Outcome:
     runner = Runner(
         stage, concurrency=how.concurrency, force=how.force, redact=how.redact, progress=progress
     )
-    done = runner.resume()
+    done = runner.resume(plan.inputs)
     total, tasks = plan.tasks(done)
     update_manifest(how.out, stage.name, {**record, "status": "running"})
 
@@ -315,7 +350,11 @@ def execute(
         raise
     finally:
         figures = {**plan.figures(), **runner.outcome.record()}
-        update_manifest(how.out, stage.name, {**record, **figures, "status": status})
+        try:
+            update_manifest(how.out, stage.name, {**record, **figures, "status": status})
+        except OutputFileError:
+            if status == "finished":
+                raise  # otherwise the error that stopped the run is the one to show
     return runner.outcome
 
 

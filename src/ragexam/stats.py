@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import astuple, dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -14,9 +16,10 @@ import pandas as pd
 
 from ragexam.calibrate import read_calibration
 from ragexam.controlruns import CONTROL_RUNS, MEASURED, control_means, measured_diagnosis
-from ragexam.csvfile import escape_cell, unescape_cell
+from ragexam.csvfile import atomic_file, escape_cell, unescape_cell
 from ragexam.cutoffs import cutoff_columns
 from ragexam.errors import InputFileError
+from ragexam.lock import run_folder_lock
 from ragexam.manifest import read_manifest
 from ragexam.metrics import score_rank
 from ragexam.resampling import RESAMPLES, bootstrap_ci, grouped_bootstrap_ci
@@ -75,11 +78,18 @@ class StatsResult:
 
 def run_stats(options: StatsOptions) -> StatsResult:
     """Write summary_by_document.csv, summary.csv and report.html; no LLM call is made."""
+    with run_folder_lock(options.out):
+        return _summarise_run(options)
+
+
+def _summarise_run(options: StatsOptions) -> StatsResult:
     from ragexam.report import write_report  # report imports this module for StatsResult
 
-    out, k = options.out, resolve_k(options.out, options.k)
+    out = options.out
     questions = load_questions(out, texts=True)
     questions = select(questions, out / QA_FILE, options.split, options.exclude_flagged)
+    k = resolve_k(out, options.k)
+    k = min(k, deepest_rank(out, questions) or k)  # a k past every retrieved chunk adds nothing
     by_document, overall = summarise(questions, k, options.seed)
     paths = {name: out / f"{name}.csv" for name in ("summary_by_document", "summary")}
     paths["report"] = out / "report.html"
@@ -99,6 +109,30 @@ def _stage(manifest: dict[str, Any], name: str) -> dict[str, Any]:
     stages = manifest.get("stages")
     stage = stages.get(name) if isinstance(stages, dict) else None
     return stage if isinstance(stage, dict) else {}
+
+
+def deepest_rank(out: Path, questions: pd.DataFrame) -> int | None:
+    """The largest number of chunks any answer retrieved (or rank it names): k's useful cap.
+
+    None when no answer lists what it retrieved (a hand-made answers file): then no cap.
+    """
+    retrieved = 0
+    with suppress(InputFileError):  # hand-made answers may have no retrieved_ids
+        ids = _read(out / ANSWERS_FILE, ("retrieved_ids",))["retrieved_ids"]
+        retrieved = max((_count(cell) for cell in ids), default=0)
+    if not retrieved:
+        return None
+    ranks = questions["rank"].to_numpy()
+    ranked = int(np.nanmax(ranks)) if np.isfinite(ranks).any() else 0
+    return max(retrieved, ranked)
+
+
+def _count(cell: str) -> int:
+    try:
+        value = json.loads(cell) if cell else []
+    except ValueError:
+        return 0
+    return len(value) if isinstance(value, list) else 0
 
 
 def resolve_k(out: Path, k: int | None) -> int:
@@ -370,7 +404,6 @@ def worst_questions(questions: pd.DataFrame, k: int, limit: int = WORST_QUESTION
 
 def _write_csv(frame: pd.DataFrame, path: Path) -> None:
     """Write atomically, with the document names escaped as every ragexam CSV is."""
-    temporary = path.with_name(path.name + ".tmp")
     escaped = frame.assign(document=frame["document"].map(escape_cell))
-    escaped.to_csv(temporary, index=False, float_format="%.12g")  # 0.8, not 0.7999999999999999
-    temporary.replace(path)
+    with atomic_file(path) as handle:
+        escaped.to_csv(handle, index=False, float_format="%.12g")  # 0.8, not 0.79999999999

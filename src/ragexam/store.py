@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
+from ragexam.deadline import DeadlineExceeded, call_with_deadline
 from ragexam.errors import StoreError
+from ragexam.snapshot import existing_snapshot, snapshot_of
+from ragexam.urls import mask_url, parse_http_url
 
 DEFAULT_DOC_KEYS = ("source", "document", "doc_id", "file_path", "filename", "title")
 UNKNOWN_DOCUMENT = "(unknown)"
@@ -32,10 +35,13 @@ class StoreRef:
     path: Path | None = None
     url: str | None = None
     collection: str | None = None
+    # Told, in one line, when a persisted store is copied to be read (the CLI prints it).
+    notify: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
+    timeout: float = 60.0  # seconds any one store call may take (RAGEXAM_STORE_TIMEOUT)
 
     def describe(self) -> str:
         """A short human name for the store, for messages and the manifest."""
-        return str(self.path) if self.path is not None else str(self.url)
+        return str(self.path) if self.path is not None else mask_url(str(self.url))
 
 
 def _client_settings() -> Any:
@@ -50,43 +56,85 @@ def open_client(ref: StoreRef) -> Any:
     import chromadb
 
     if ref.url is not None:
-        parts = urlsplit(ref.url)
-        if not parts.hostname:
-            raise StoreError(f"--chroma-url {ref.url!r} is not a URL like http://localhost:8000")
-        port = parts.port or (443 if parts.scheme == "https" else 8000)
         try:
-            return chromadb.HttpClient(
-                host=parts.hostname,
-                port=port,
-                ssl=parts.scheme == "https",
-                settings=_client_settings(),
-            )
+            parts = parse_http_url(ref.url, "--chroma-url")
+        except ValueError as exc:
+            raise StoreError(str(exc)) from None
+        port = parts.port or (443 if parts.scheme == "https" else 8000)
+        connect = partial(
+            chromadb.HttpClient,
+            host=parts.hostname or "",
+            port=port,
+            ssl=parts.scheme == "https",
+            settings=_client_settings(),
+        )
+        try:
+            return TimedStore(call_with_deadline(connect, ref.timeout), ref)
+        except DeadlineExceeded:
+            raise _stalled(ref, "to a connection") from None
         except Exception as exc:
-            raise StoreError(f"cannot reach the Chroma server at {ref.url}: {exc}") from None
-    return _open_persistent(ref.path or Path())
+            reason = mask_url(" ".join(str(exc).split()))[:300]
+            raise StoreError(
+                f"cannot reach the Chroma server at {ref.describe()}: {reason}"
+            ) from None
+    return TimedStore(_open_persistent(ref.path or Path(), ref.notify), ref)
 
 
-def _open_persistent(path: Path) -> Any:
+class TimedStore:
+    """A Chroma client or collection whose every call has a deadline (RAGEXAM_STORE_TIMEOUT)."""
+
+    def __init__(self, target: Any, ref: StoreRef) -> None:
+        self._target, self._ref = target, ref
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._target, name)
+        if not callable(value):
+            return value
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            try:
+                result = call_with_deadline(partial(value, *args, **kwargs), self._ref.timeout)
+            except DeadlineExceeded:
+                raise _stalled(self._ref, f"to {name}()") from None
+            return TimedStore(result, self._ref) if name == "get_collection" else result
+
+        return timed
+
+
+def _stalled(ref: StoreRef, what: str) -> StoreError:
+    return StoreError(
+        f"the Chroma store at {ref.describe()} did not answer {what} within {ref.timeout:g}s; "
+        "check that it is up, or raise RAGEXAM_STORE_TIMEOUT"
+    )
+
+
+def _open_persistent(path: Path, notify: Callable[[str], None] | None) -> Any:
+    """A client of a private snapshot of the store: Chroma writes to any store it opens."""
     import chromadb
 
     if not path.is_dir():
         raise StoreError(f"no Chroma store at {path}: the directory does not exist")
     if not (path / "chroma.sqlite3").is_file():
         raise StoreError(f"no Chroma store at {path}: it holds no chroma.sqlite3")
+    snapshot, fresh = snapshot_of(path)
+    if fresh and notify is not None:
+        notify(snapshot.describe())
     try:
-        return chromadb.PersistentClient(path=str(path), settings=_client_settings())
+        return chromadb.PersistentClient(path=str(snapshot.path), settings=_client_settings())
     except ValueError as exc:
         if "already exists" not in str(exc):
             raise StoreError(f"cannot open the Chroma store at {path}: {exc}") from None
         # A --rag module in this process opened the store first, with its own settings;
         # Chroma allows one client configuration per path, so share that one.
-        return chromadb.PersistentClient(path=str(path), settings=_settings_in_use(path))
+        return chromadb.PersistentClient(
+            path=str(snapshot.path), settings=_settings_in_use(snapshot.path)
+        )
     except Exception as exc:
         if "migration" in str(exc).lower():
             raise StoreError(
-                f"the Chroma store at {path} was written by an older Chroma and would be "
-                "migrated in place; ragexam never changes your store: copy the folder and "
-                "point --chroma at the copy"
+                f"the Chroma store at {path} was written by an older Chroma; ragexam never "
+                "migrates a store: upgrade a copy of the folder by opening it once with this "
+                "version of chromadb, and point --chroma at the copy"
             ) from None
         raise StoreError(f"cannot open the Chroma store at {path}: {exc}") from None
 
@@ -103,9 +151,10 @@ def release(ref: StoreRef | None) -> None:
     """Close ragexam's own client of a persisted store, so later code may open it its own way."""
     if ref is None or ref.path is None:
         return
-    system = _systems().get(str(ref.path))
+    opened = str(existing_snapshot(ref.path))
+    system = _systems().get(opened)
     if system is not None and _is_ours(system.settings):
-        _systems().pop(str(ref.path), None)
+        _systems().pop(opened, None)
         system.stop()
 
 

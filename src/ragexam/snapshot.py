@@ -1,0 +1,101 @@
+"""Read a persisted Chroma store without ever writing to it: open a snapshot copy instead.
+
+Chroma (1.x, its Rust core) has no read-only mode: opening a store rewrites `chroma.sqlite3`
+and index files, fails on a read-only mount, and even the refusal of an older store's format
+adds a table. So ragexam copies the store into a private temporary folder, once per process,
+and opens the copy; the user's store stays byte-identical. The copies go when the process ends.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ragexam.errors import StoreError
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A private copy of a store: where it is, how big, and how long the copy took."""
+
+    original: Path
+    path: Path
+    size: int
+    seconds: float
+    signature: frozenset[tuple[str, int, int]]
+
+    def describe(self) -> str:
+        """One line for the terminal."""
+        return (
+            f"reading a snapshot of {self.original} ({self.size / 1e6:.1f} MB, copied in "
+            f"{self.seconds:.1f}s): Chroma writes to any store it opens, and ragexam never "
+            "changes yours"
+        )
+
+
+_snapshots: dict[Path, Snapshot] = {}
+
+
+def snapshot_of(store: Path) -> tuple[Snapshot, bool]:
+    """The process's snapshot of a store, and whether it was made just now.
+
+    A snapshot is made again when the store's files changed since (size or mtime).
+    """
+    key, signature = store.resolve(), _signature(store)
+    if key in _snapshots:
+        if _snapshots[key].signature == signature:
+            return _snapshots[key], False
+        shutil.rmtree(_snapshots.pop(key).path.parent, ignore_errors=True)
+    started = time.monotonic()
+    root = Path(tempfile.mkdtemp(prefix="ragexam-store-"))
+    if not _snapshots:
+        atexit.register(remove_snapshots)
+    try:
+        size = _copy(store, root / "store")
+    except OSError as exc:
+        shutil.rmtree(root, ignore_errors=True)
+        raise StoreError(
+            f"cannot copy the Chroma store at {store} to read it safely: {exc.strerror}; "
+            "make room in the temporary folder (TMPDIR)"
+        ) from None
+    made = Snapshot(store, root / "store", size, time.monotonic() - started, signature)
+    _snapshots[key] = made
+    return made, True
+
+
+def existing_snapshot(store: Path) -> Path | None:
+    """Where this process's snapshot of a store is, if it made one."""
+    made = _snapshots.get(store.resolve())
+    return made.path if made is not None else None
+
+
+def _signature(store: Path) -> frozenset[tuple[str, int, int]]:
+    """Every file of the store with its size and modification time."""
+    files = (path for path in store.rglob("*") if path.is_file())
+    return frozenset(
+        (str(path), stat.st_size, stat.st_mtime_ns) for path in files for stat in [path.stat()]
+    )
+
+
+def _copy(source: Path, target: Path) -> int:
+    """Copy a folder's files, writable whatever their modes were; the bytes copied."""
+    size = 0
+    for folder, _, files in os.walk(source):
+        destination = target / Path(folder).relative_to(source)
+        destination.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            shutil.copyfile(Path(folder) / name, destination / name)  # contents, not modes
+            size += (destination / name).stat().st_size
+    return size
+
+
+def remove_snapshots() -> None:
+    """Delete every snapshot this process made."""
+    while _snapshots:
+        _, made = _snapshots.popitem()
+        shutil.rmtree(made.path.parent, ignore_errors=True)

@@ -1,0 +1,88 @@
+"""Broken CSVs: a broken input is a one-line error naming its line; a broken output row is
+moved to FILE.bad-rows and every good row is kept."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import build_store, read_csv, run_cli
+from openai_server import FakeOpenAI
+from test_durability import questions, rag_module
+from test_generate import docs
+
+HEADER = "qa_id,chunk_id,document,question,ground_truth_answer,status,error\n"
+GOOD = "q0,c0,d,Q0?,g0,ok,\nq1,c1,d,Q1?,g1,ok,\n"
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (GOOD + "q2,c2,d,What is the", "line 4: has 4 fields where the header has 7"),
+        (GOOD + 'q2,c2,d,"What is,g2,ok,\nq3,c3,d,Q3?,g3,ok,\n', "line 4: ends inside a quoted"),
+        (GOOD + "q2,c2,d,,g2,ok,\n", "line 4: the question is empty"),
+        (GOOD + "q2,c2,d,Q2?,,ok,\n", "line 4: the ground_truth_answer is empty"),
+        (GOOD + "q1,c2,d,Q2?,g2,ok,\n", "line 4: qa_id 'q1' appears twice"),
+        (GOOD + "q2,c2,d,Q2?,g2,ok,,extra\n", "line 4: has 8 fields where the header has 7"),
+    ],
+)
+def test_a_broken_qa_dataset_is_an_error_naming_its_line(
+    env: FakeOpenAI, tmp_path: Path, body: str, problem: str
+) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "qa_dataset.csv").write_text(HEADER + body, encoding="utf-8")
+    rag = rag_module(tmp_path, "plain_rag", "An answer.")
+    for command in (["answer", "--rag", rag], ["judge"]):
+        result = run_cli(*command, "--out", "run")
+        assert result.exit_code == 2, result.output
+        assert result.output.startswith(f"Error: run/qa_dataset.csv, {problem}")
+        assert result.output.count("\n") == 1
+    assert env.count() == 0 and not (tmp_path / "run" / "answers.csv").exists()
+
+
+def test_a_latin1_byte_in_an_input_names_its_line(env: FakeOpenAI, tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    data = (HEADER + GOOD + "q2,c2,d,Caf\xe9?,g2,ok,\n").encode("latin-1")
+    (tmp_path / "run" / "qa_dataset.csv").write_bytes(data)
+    result = run_cli("answer", "--rag", rag_module(tmp_path, "l1_rag", "A."), "--out", "run")
+    assert result.exit_code == 2
+    assert result.output.startswith("Error: run/qa_dataset.csv, line 4: is not UTF-8 text")
+
+
+def test_an_unreadable_output_row_is_moved_aside_and_every_good_row_kept(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    store = build_store(tmp_path / "store", docs(10))
+    args = ["generate", "--chroma", str(store), "--out", "run"]
+    assert run_cli(*args).exit_code == 0
+    output = tmp_path / "run" / "qa_dataset.csv"
+    lines = output.read_bytes().split(b"\n")
+    damaged = lines[3].replace(b"question", b"qu\xe9stion", 1)  # a Latin-1 byte in row 3
+    assert damaged != lines[3]
+    lines[3] = damaged
+    output.write_bytes(b"\n".join(lines))
+    result = run_cli(*args)
+    assert result.exit_code == 0, result.output
+    bad = tmp_path / "run" / "qa_dataset.csv.bad-rows"
+    assert f"1 unreadable rows moved to {Path('run', 'qa_dataset.csv.bad-rows')}" in result.output
+    note = b"# line 4: is not UTF-8 text (save the file as UTF-8)\n"
+    assert bad.read_bytes() == note + damaged + b"\n"
+    rows = read_csv(output)
+    assert len(rows) == 10 and {row["status"] for row in rows} == {"ok"}
+    assert env.count() == 11  # only the unreadable row was asked again
+
+
+def test_an_extra_field_in_answers_loses_only_that_row(env: FakeOpenAI, tmp_path: Path) -> None:
+    questions(tmp_path / "run", 12)
+    args = ["answer", "--out", "run", "--rag", rag_module(tmp_path, "x_rag", "An answer.")]
+    assert run_cli(*args).exit_code == 0
+    output = tmp_path / "run" / "answers.csv"
+    lines = output.read_text(encoding="utf-8").split("\n")
+    lines[10] += ",extra"  # row 10
+    output.write_text("\n".join(lines), encoding="utf-8")
+    result = run_cli(*args)
+    assert result.exit_code == 0, result.output
+    assert "1 unreadable rows moved to" in result.output and "(11 done before)" in result.output
+    bad = (tmp_path / "run" / "answers.csv.bad-rows").read_text(encoding="utf-8")
+    assert bad.startswith("# line 11: has ") and lines[10] in bad
+    assert len(read_csv(output)) == 12

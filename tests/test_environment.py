@@ -1,0 +1,87 @@
+"""Environment errors are one-line errors saying what to do (exit 2, or 4 for an endpoint)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+from conftest import build_store, run_cli
+from openai_server import FakeOpenAI, Faults
+from test_answer import make_store
+from test_durability import questions, rag_module
+from test_generate import docs
+
+
+def closed_port() -> int:
+    """A local port nothing listens on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def one_line_error(result: object, code: int, *words: str) -> None:
+    """The command failed with `code` and one `Error:` line holding every word."""
+    output = getattr(result, "output", "")
+    assert getattr(result, "exit_code", None) == code, output
+    assert output.startswith("Error: ") and output.count("\n") == 1, output
+    assert "Internal error" not in output
+    for word in words:
+        assert word in output, (word, output)
+
+
+def test_out_that_is_a_file(env: FakeOpenAI, tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", docs(3))
+    (tmp_path / "taken").write_text("not a folder")
+    result = run_cli("generate", "--chroma", str(store), "--out", "taken")
+    one_line_error(result, 2, "taken", "--out")
+    assert env.count() == 0
+
+
+def test_qa_dataset_that_is_a_folder(env: FakeOpenAI, tmp_path: Path) -> None:
+    (tmp_path / "run" / "qa_dataset.csv").mkdir(parents=True)
+    rag = rag_module(tmp_path, "folder_rag", "A.")
+    one_line_error(run_cli("answer", "--out", "run", "--rag", rag), 2, "is a folder")
+    one_line_error(run_cli("judge", "--out", "run"), 2, "is a folder")
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "127.0.0.1:8000", "http://host:port"])
+def test_a_malformed_openai_base_url(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    store = build_store(tmp_path / "store", docs(3))
+    monkeypatch.setenv("OPENAI_BASE_URL", url)
+    result = run_cli("generate", "--chroma", str(store), "--out", "run")
+    one_line_error(result, 2, "OPENAI_BASE_URL")
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://host:port", "ftp:/nothing"])
+def test_a_malformed_chroma_url(env: FakeOpenAI, tmp_path: Path, url: str) -> None:
+    result = run_cli("generate", "--chroma-url", url, "--out", "run")
+    one_line_error(result, 2, "--chroma-url")
+
+
+def test_a_manifest_that_is_not_an_object(env: FakeOpenAI, tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", docs(3))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "manifest.json").write_text("[1, 2]")
+    result = run_cli("generate", "--chroma", str(store), "--out", "run")
+    one_line_error(result, 2, "manifest.json", "not a JSON object")
+    assert env.count() == 0
+
+
+@pytest.mark.parametrize("status", [None, 401, 400, 500])
+def test_an_embedding_endpoint_that_fails_the_preflight(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, status: int | None
+) -> None:
+    store = make_store(tmp_path / "store", env)
+    questions(tmp_path / "run")
+    if status is None:
+        monkeypatch.setenv("RAGEXAM_EMBEDDING_BASE_URL", f"http://127.0.0.1:{closed_port()}/v1")
+    else:
+        env.faults = Faults(status_if=lambda text: status if "Q" in text else None)
+    monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "1")
+    args = ["answer", "--chroma", str(store), "--out", "run", "--embedding", "openai:emb"]
+    result = run_cli(*args)
+    one_line_error(result, 4, "embedding endpoint")
+    assert env.count() == 0  # no chat call was paid for

@@ -1,0 +1,105 @@
+"""Nothing hangs: a stalled Chroma server or a stuck --rag callable ends in an error, and one
+Ctrl-C ends the run at once."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import read_csv, run_cli
+from openai_server import FakeOpenAI
+from test_durability import questions
+
+
+def test_a_chroma_server_that_never_answers_is_a_one_line_error(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAGEXAM_STORE_TIMEOUT", "1")
+    with socket.socket() as silent:  # accepts connections (the backlog) and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        started = time.monotonic()
+        result = run_cli("generate", "--chroma-url", url, "--out", "run")
+        took = time.monotonic() - started
+    assert result.exit_code == 2
+    assert result.output == (
+        f"Error: the Chroma store at {url} did not answer to a connection within 1s; "
+        "check that it is up, or raise RAGEXAM_STORE_TIMEOUT\n"
+    )
+    assert took < 10 and env.count() == 0
+
+
+SLEEPY_RAG = """
+import time
+from pathlib import Path
+
+def answer(question):
+    if question == "Q1?":
+        Path("stuck").write_text("called")
+        time.sleep(120)
+    return "An answer.", ["c0"]
+"""
+
+
+def test_a_stuck_rag_call_times_out_into_an_error_row(env: FakeOpenAI, tmp_path: Path) -> None:
+    questions(tmp_path / "run", 4)
+    (tmp_path / "sleepy_rag.py").write_text(SLEEPY_RAG)
+    started = time.monotonic()
+    result = run_cli(
+        "answer",
+        "--out",
+        "run",
+        "--rag",
+        "sleepy_rag:answer",
+        "--rag-timeout",
+        "1",
+        "--max-error-rate",
+        "0.5",
+    )
+    assert result.exit_code == 0, result.output
+    assert time.monotonic() - started < 30
+    rows = {row["qa_id"]: row for row in read_csv(tmp_path / "run" / "answers.csv")}
+    assert rows["q1"]["status"] == "error"
+    assert rows["q1"]["error"] == "the RAG callable did not answer within 1s (--rag-timeout)"
+    assert {rows[q]["status"] for q in ("q0", "q2", "q3")} == {"ok"}
+
+
+def test_one_ctrl_c_ends_a_run_stuck_in_a_rag_call(env: FakeOpenAI, tmp_path: Path) -> None:
+    questions(tmp_path / "run", 4)
+    (tmp_path / "sleepy_rag2.py").write_text(SLEEPY_RAG)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ragexam.cli",
+            "answer",
+            "--out",
+            "run",
+            "--rag",
+            "sleepy_rag2:answer",
+            "--rag-timeout",
+            "100",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (tmp_path / "stuck").exists():
+        time.sleep(0.05)
+    time.sleep(0.5)  # the other rows land
+    process.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    try:
+        code = process.wait(timeout=20)
+    finally:
+        process.kill()  # only if it hung: then the test has failed already
+    assert code == 130 and time.monotonic() - sent < 5
+    assert process.stderr is not None and "Interrupted" in process.stderr.read()
+    rows = {row["qa_id"]: row["status"] for row in read_csv(tmp_path / "run" / "answers.csv")}
+    assert rows == {"q0": "ok", "q2": "ok", "q3": "ok"}  # every finished row is kept

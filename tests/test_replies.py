@@ -1,0 +1,93 @@
+"""Replies that are not answers: a malformed 200 is retried then an error row; a withheld or
+empty-content reply is an error row with its finish reason, never an `ok` empty answer."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from conftest import build_store, read_csv, run_cli
+from openai_server import FakeOpenAI, Faults, Reply
+from test_answer import make_store, ranked_questions
+from test_durability import questions
+from test_generate import docs
+
+BODIES = {
+    "html": ("text/html", "<html><body>502 Bad Gateway</body></html>"),
+    "empty": ("application/json", ""),
+    "empty object": ("application/json", "{}"),
+    "no choices": ("application/json", '{"choices": []}'),
+}
+
+
+def chosen(text: str) -> bool:
+    """About one chat request in five, chosen by a hash of its text."""
+    return hashlib.sha256(text.encode()).digest()[0] < 52
+
+
+@pytest.mark.parametrize("kind", list(BODIES))
+def test_a_malformed_200_is_retried_and_the_stage_finishes(
+    env: FakeOpenAI, tmp_path: Path, kind: str
+) -> None:
+    store = build_store(tmp_path / "store", docs(30))
+    spoiled: set[str] = set()
+
+    def once_per_chosen_text(text: str) -> tuple[str, str] | None:
+        if chosen(text) and text not in spoiled:
+            spoiled.add(text)
+            return BODIES[kind]
+        return None
+
+    env.faults = Faults(raw_200_if=once_per_chosen_text)
+    result = run_cli("generate", "--chroma", str(store), "--out", "run")
+    assert result.exit_code == 0, result.output
+    rows = read_csv(tmp_path / "run" / "qa_dataset.csv")
+    assert len(rows) == 30 and {row["status"] for row in rows} == {"ok"}
+    assert 0 < len(spoiled) < 30
+    assert env.count() == 30 + len(spoiled)  # each malformed reply cost exactly one retry
+    assert sum(row["attempts"] == "2" for row in rows) == len(spoiled)
+
+
+def test_a_gateway_that_always_answers_html_makes_error_rows(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "2")
+    store = build_store(tmp_path / "store", docs(10))
+    env.faults = Faults(raw_200_if=lambda text: BODIES["html"] if "widget 3 " in text else None)
+    result = run_cli("generate", "--chroma", str(store), "--out", "run", "--max-error-rate", "0.2")
+    assert result.exit_code == 0, result.output
+    rows = {row["chunk_id"]: row for row in read_csv(tmp_path / "run" / "qa_dataset.csv")}
+    bad = rows.pop("chunk-0003")
+    assert bad["status"] == "error" and bad["question"] == ""
+    assert bad["error"].startswith("the endpoint answered HTTP 200 with a body that is not JSON")
+    assert {row["status"] for row in rows.values()} == {"ok"}
+    assert env.count() == 9 + 3  # three attempts (RAGEXAM_MAX_RETRIES 2) for the broken row
+
+
+def test_a_withheld_or_null_answer_is_an_error_row_but_an_empty_one_is_kept(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    store = make_store(tmp_path / "store", env)
+    ranked_questions(env, {f"Q{i}?": list(range(12)) for i in range(4)})
+    questions(tmp_path / "run", 4)
+    replies = {
+        "Q0?": Reply(content=None, finish_reason="content_filter"),
+        "Q1?": Reply(content=None, finish_reason="stop"),
+        "Q2?": Reply(content=""),
+    }
+
+    def respond(body: dict[str, object]) -> Reply | None:
+        text = str(body["messages"])
+        return next((reply for q, reply in replies.items() if q in text), None)
+
+    env.responder = respond
+    result = run_cli("answer", "--chroma", str(store), "--out", "run", "--max-error-rate", "0.5")
+    assert result.exit_code == 0, result.output
+    rows = {row["qa_id"]: row for row in read_csv(tmp_path / "run" / "answers.csv")}
+    assert rows["q0"]["status"] == "error" and "finish_reason=content_filter" in rows["q0"]["error"]
+    assert rows["q1"]["status"] == "error"
+    assert rows["q1"]["error"] == "the model returned no content (finish_reason=stop)"
+    assert rows["q2"]["status"] == "ok" and rows["q2"]["answer"] == ""
+    assert rows["q3"]["status"] == "ok" and rows["q3"]["answer"]
+    assert env.count() == 4  # a withheld answer is not paid for again
