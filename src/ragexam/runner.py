@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from ragexam.csvfile import RowLog, read_rows
 from ragexam.errors import AuthError, LLMError, OutputFileError, RagexamError, TooManyErrors
-from ragexam.fingerprint import changed_inputs
+from ragexam.fingerprint import changed_inputs, stale_rows
 from ragexam.lock import run_folder_lock
 from ragexam.manifest import update_manifest
 
@@ -153,7 +153,8 @@ class Runner:
             elif key not in ok:
                 self._previous_errors[key] = row
         self.outcome.quarantined = self.log.quarantined
-        self._check_fingerprint(ok)
+        for key in stale_rows(self.stage, ok, self.force):
+            del ok[key]
         changed = changed_inputs(ok, inputs) if ok else []
         for key in changed:
             del ok[key]
@@ -161,33 +162,6 @@ class Runner:
         self.log.rewrite(ok.values())  # error rows go; they come back retried or untouched
         self.outcome.done_before = len(ok)
         return set(ok)
-
-    def _check_fingerprint(self, ok: dict[str, Mapping[str, Any]]) -> None:
-        ours = self._fingerprint(None)
-        stale = [key for key, row in ok.items() if self._fingerprint(row) != ours]
-        if not stale:
-            return
-        if not self.force:
-            theirs = self._fingerprint(ok[stale[0]])
-            names = [name for name in ours if theirs[name] != ours[name]]
-            what = "model or prompt" if {"model", "prompt"} & set(names) else " or ".join(names)
-            was = ", ".join(f"{name} {theirs[name]!r}" for name in names)
-            now = ", ".join(f"{name} {ours[name]!r}" for name in names)
-            raise OutputFileError(
-                self.stage.path,
-                f"{len(stale)} existing rows came from a different {what} "
-                f"({was}) than this run ({now}); pass --force to redo them, or use another --out",
-            )
-        for key in stale:
-            del ok[key]
-
-    def _fingerprint(self, row: Mapping[str, Any] | None) -> dict[str, str]:
-        """What a row must share with this run: model, prompt, and the stage's fixed settings."""
-        if row is None:
-            mine = {"model": self.stage.model, "prompt": self.stage.prompt_hash}
-            return mine | {name: _cell(value) for name, value in self.stage.fixed.items()}
-        theirs = {"model": row.get("model"), "prompt": row.get("prompt_hash")}
-        return theirs | {name: row.get(name) or "" for name in self.stage.fixed}
 
     async def run(self, tasks: Iterable[Task] | AsyncIterator[Task], work: Work) -> Outcome:
         """Do every task not yet `ok`, `concurrency` at a time, writing rows as they land."""
@@ -356,11 +330,6 @@ def _execute(
             if status == "finished":
                 raise  # otherwise the error that stopped the run is the one to show
     return runner.outcome
-
-
-def _cell(value: Any) -> str:
-    """A fixed setting as a row holds it once read back: None is empty."""
-    return "" if value is None else str(value)
 
 
 async def _aiter(tasks: Iterable[Task] | AsyncIterator[Task]) -> AsyncIterator[Task]:
