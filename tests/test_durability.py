@@ -18,6 +18,8 @@ from openai_server import FakeOpenAI
 from test_answer import make_store, ranked_questions, write_qa
 from test_generate import docs
 
+from ragexam.csvfile import read_rows
+
 N = 6
 
 
@@ -181,3 +183,23 @@ def test_a_full_disk_is_one_line_leaves_whole_rows_and_a_failed_manifest(
     again = run_cli(*args)
     assert again.exit_code == 0, again.output
     assert len(read_csv(output)) == 60
+
+
+def test_stats_never_counts_a_grade_of_an_answer_that_changed(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    questions(tmp_path / "run")
+    first = rag_module(tmp_path, "sure_rag", "The answer is here.")
+    dunno = rag_module(tmp_path, "unsure_rag", "I don't know.")
+    assert run_cli("answer", "--out", "run", "--rag", first).exit_code == 0
+    assert run_cli("judge", "--out", "run", "--controls", "0").exit_code == 0
+    graded = run_cli("stats", "--out", "run")
+    assert graded.exit_code == 0 and "Warning" not in graded.output
+    assert run_cli("answer", "--out", "run", "--rag", dunno, "--force").exit_code == 0
+    result = run_cli("stats", "--out", "run")  # judge was not rerun
+    assert result.exit_code == 0, result.output
+    assert f"Warning: {N} grades were made from a question or answer that has changed" in (
+        result.output
+    )
+    (overall,) = read_rows(tmp_path / "run" / "summary.csv", ["document"])
+    assert overall["completeness_mean"] == "" and overall["pending"] == str(N)

@@ -332,6 +332,11 @@ def stats(
         say(line)
     if result.controls is not None:
         say(result.controls.message())
+    if result.stale:
+        say(
+            f"Warning: {result.stale} grades were made from a question or answer that has "
+            "changed since; they count as pending: rerun judge"
+        )
     say(f"report: {result.paths['report']}")
 
 

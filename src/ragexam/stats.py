@@ -24,6 +24,7 @@ from ragexam.manifest import read_manifest
 from ragexam.metrics import score_rank
 from ragexam.resampling import RESAMPLES, bootstrap_ci, grouped_bootstrap_ci
 from ragexam.selection import select
+from ragexam.staleness import drop_stale, stale_grades
 from ragexam.verdict import Verdict, read_verdict
 
 FloatArray = npt.NDArray[np.float64]
@@ -74,6 +75,7 @@ class StatsResult:
     seed: int = 0
     controls: Verdict | None = None  # the judge's known-answer controls, when it graded some
     calibration: pd.DataFrame | None = None  # calibration.csv, when a person labelled answers
+    stale: int = 0  # grades made from a question or answer that has changed: counted pending
 
 
 def run_stats(options: StatsOptions) -> StatsResult:
@@ -87,6 +89,8 @@ def _summarise_run(options: StatsOptions) -> StatsResult:
 
     out = options.out
     questions = load_questions(out, texts=True)
+    stale = stale_grades(out / JUDGMENTS_FILE, questions)
+    questions = drop_stale(questions, stale)
     questions = select(questions, out / QA_FILE, options.split, options.exclude_flagged)
     k = resolve_k(out, options.k)
     k = min(k, deepest_rank(out, questions) or k)  # a k past every retrieved chunk adds nothing
@@ -98,7 +102,8 @@ def _summarise_run(options: StatsOptions) -> StatsResult:
     if verdict is not None:
         overall = overall.assign(**verdict.columns())
     result = StatsResult(by_document, overall, k, paths, worst, context, options.seed)
-    result = replace(result, controls=verdict, calibration=read_calibration(out))
+    calibration = read_calibration(out)
+    result = replace(result, controls=verdict, calibration=calibration, stale=int(stale.sum()))
     _write_csv(by_document, paths["summary_by_document"])
     _write_csv(overall, paths["summary"])
     write_report(result, paths["report"])
