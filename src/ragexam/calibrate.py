@@ -17,7 +17,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from ragexam.config import Scale
-from ragexam.csvfile import read_rows
+from ragexam.csvfile import atomic_file, read_rows
 from ragexam.errors import InputFileError
 from ragexam.labels import METRICS, read_labels
 from ragexam.resampling import RESAMPLES
@@ -153,9 +153,8 @@ def run_calibrate(labels: Path, out: Path, scale: Scale, seed: int = 0) -> Calib
     figures = [agreement(metric, *pairs[metric], seed) for metric in pairs]
     table = pd.DataFrame([vars(figure) for figure in figures], columns=list(COLUMNS))
     path = out / CALIBRATION_FILE
-    temporary = path.with_name(path.name + ".tmp")
-    table.to_csv(temporary, index=False, float_format="%.12g")
-    temporary.replace(path)
+    with atomic_file(path) as handle:
+        table.to_csv(handle, index=False, float_format="%.12g")
     table = pd.read_csv(path)  # the figures as written, so terminal and report read the same
     return Calibration(table, path, notes, reading(table))
 
