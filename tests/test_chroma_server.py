@@ -23,6 +23,9 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+SERVERS: dict[str, subprocess.Popen[bytes]] = {}  # the chroma_server processes, by URL
+
+
 @pytest.fixture
 def chroma_server(tmp_path: Path) -> Iterator[str]:
     """`chroma run` serving a store of 30 chunks; yields its URL."""
@@ -37,6 +40,7 @@ def chroma_server(tmp_path: Path) -> Iterator[str]:
         stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
+    SERVERS[url] = server
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -47,6 +51,7 @@ def chroma_server(tmp_path: Path) -> Iterator[str]:
                 time.sleep(0.2)
         yield url
     finally:
+        SERVERS.pop(url, None)
         server.terminate()
         server.wait(timeout=10)
 

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import read_csv, run_cli
 from openai_server import FakeOpenAI
+from test_answer import write_qa
+from test_chroma_server import SERVERS, chroma_server  # noqa: F401 - the fixture
 from test_durability import questions
 
 
@@ -103,3 +105,37 @@ def test_one_ctrl_c_ends_a_run_stuck_in_a_rag_call(env: FakeOpenAI, tmp_path: Pa
     assert process.stderr is not None and "Interrupted" in process.stderr.read()
     rows = {row["qa_id"]: row["status"] for row in read_csv(tmp_path / "run" / "answers.csv")}
     assert rows == {"q0": "ok", "q2": "ok", "q3": "ok"}  # every finished row is kept
+
+
+def test_a_chroma_server_that_stalls_during_answer_is_a_one_line_error(
+    env: FakeOpenAI,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    chroma_server: str,  # noqa: F811 - the imported fixture
+) -> None:
+    monkeypatch.setenv("RAGEXAM_STORE_TIMEOUT", "2")
+    env.embedding_dim = 16  # the served store's dimension
+    rows = [
+        {"qa_id": f"q{i}", "chunk_id": f"chunk-{i % 30:04d}", "question": f"Q{i}?"}
+        for i in range(300)
+    ]
+    write_qa(tmp_path / "run" / "qa_dataset.csv", rows)
+    server = SERVERS[chroma_server]
+
+    def stall_the_store(body: dict[str, object]) -> None:  # at the first chat call
+        server.send_signal(signal.SIGSTOP)  # connections still open, nothing answers
+
+    env.responder = stall_the_store
+    started = time.monotonic()
+    try:
+        result = run_cli(
+            "answer", "--chroma-url", chroma_server, "--out", "run", "--embedding", "openai:e"
+        )
+    finally:
+        server.send_signal(signal.SIGCONT)
+    assert time.monotonic() - started < 60
+    assert result.exit_code == 2, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith(f"Error: the Chroma store at {chroma_server} did not answer to ")
+    assert last.endswith("within 2s; check that it is up, or raise RAGEXAM_STORE_TIMEOUT")
+    assert len(read_csv(tmp_path / "run" / "answers.csv")) > 0  # rows done before are kept
