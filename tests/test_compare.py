@@ -138,3 +138,25 @@ def test_runs_of_different_exams_are_refused(tmp_path: Path) -> None:
     result = run_cli("compare", str(a), str(b))
     assert result.exit_code == 2
     assert result.stderr.startswith("Error: ") and "shares no qa_id with" in result.stderr
+
+
+def test_a_large_document_is_compared_with_sampled_signs(tmp_path: Path) -> None:
+    # 25 questions of doc C all gain 0.25: only 2 of 2^25 sign patterns reach that sum, so none
+    # of the 10,000 sampled ones does and p is its floor, 1 / 10001
+    extra = [f"c{i}" for i in range(25)]
+    base = BASE | dict.fromkeys(extra, 0.5)
+    a = write_run(tmp_path / "a", base)
+    b = write_run(tmp_path / "b", base | dict.fromkeys(extra, 0.75))
+    for run in (a, b):  # write_run lists the questions of IDS only: add doc C's
+        for name, row in (
+            ("qa_dataset.csv", "{0},c-{0},doc C,q,t,ok,\n"),
+            ("answers.csv", "{0},x,[],1,ok,\n"),
+        ):
+            with (run / name).open("a") as handle:
+                handle.writelines(row.format(qa_id) for qa_id in extra)
+    result = run_cli("compare", str(a), str(b))
+    assert result.exit_code == 0, result.output
+    table = rows(b / "comparison.csv")
+    assert figures(table["doc C", "completeness"]) == [0.5, 0.75, 0.25, 0.25, 0.25, 1 / 10001]
+    assert counts(table["doc C", "completeness"]) == [25, 0, 0, 25]
+    assert figures(table["doc A", "completeness"])[2:] == [0, 0, 0, 1]

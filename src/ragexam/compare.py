@@ -15,6 +15,7 @@ from ragexam.csvfile import atomic_file, escape_cell
 from ragexam.display import printable
 from ragexam.errors import InputFileError
 from ragexam.manifest import read_manifest
+from ragexam.paired import grouped_compare
 from ragexam.resampling import compare_paired
 from ragexam.stats import QA_FILE, load_questions, rank_index, resolve_k, score_table
 
@@ -56,7 +57,7 @@ def run_compare(run_a: Path, run_b: Path, out: Path, seed: int = 0) -> CompareRe
     left_out = len(scores_a) + len(scores_b) - 2 * len(paired)
     if left_out:
         warnings.append(f"questions in only one of the runs are left out: {left_out}")
-    table = pd.DataFrame(_rows(paired, seed), columns=COLUMNS)
+    table = _rows(paired, seed)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "comparison.csv"
     with atomic_file(path) as handle:
@@ -76,17 +77,24 @@ def _scores(run: Path) -> pd.DataFrame:
     return scores
 
 
-def _rows(paired: pd.DataFrame, seed: int) -> list[dict[str, Any]]:
-    """compare_paired for every metric, over all questions (ALL) and per document of run A."""
-    rows = []
-    groups = [("ALL", paired), *paired.groupby("document_a", sort=True)]
-    for document, group in groups:
-        for metric in METRICS:
-            a, b = group[f"{metric}_a"].to_numpy(), group[f"{metric}_b"].to_numpy()
-            both = ~np.isnan(a) & ~np.isnan(b)  # ok in both runs
-            comparison = compare_paired(a[both], b[both], seed=seed)
-            rows.append({"document": str(document), "metric": metric, **asdict(comparison)})
-    return rows
+def _rows(paired: pd.DataFrame, seed: int) -> pd.DataFrame:
+    """compare_paired for every metric over all questions (ALL), and per document of run A.
+
+    The documents are compared all at once (paired.grouped_compare), not one by one.
+    """
+    codes, documents = pd.factorize(paired["document_a"], sort=True)
+    overall, by_document = [], []
+    for metric in METRICS:
+        a, b = paired[f"{metric}_a"].to_numpy(), paired[f"{metric}_b"].to_numpy()
+        both = ~np.isnan(a) & ~np.isnan(b)  # ok in both runs
+        comparison = compare_paired(a[both], b[both], seed=seed)
+        overall.append({"document": "ALL", "metric": metric, **asdict(comparison)})
+        figures = grouped_compare(codes[both], a[both], b[both], len(documents), seed=seed)
+        by_document.append(
+            pd.DataFrame({"document": documents.astype(str), "metric": metric} | figures)
+        )
+    ordered = pd.concat(by_document).sort_index(kind="stable")  # each document's metrics together
+    return pd.concat([pd.DataFrame(overall), ordered], ignore_index=True)[COLUMNS]
 
 
 def _field(manifest: dict[str, Any], stage: str, name: str) -> Any:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 import numpy.typing as npt
+from threadpoolctl import ThreadpoolController
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -16,6 +19,31 @@ Values = Sequence[float] | FloatArray
 RESAMPLES = 2000
 LEVELS = 101  # at most this many distinct values per group in the per-document bootstrap
 BLOCK = 64  # pairs per matrix product: 1 MB of draws at 2000 resamples, so it stays in cache
+
+Params = ParamSpec("Params")
+Result = TypeVar("Result")
+
+
+@functools.cache
+def _blas() -> Any:
+    """The BLAS libraries numpy loaded (found once; about a millisecond)."""
+    return ThreadpoolController().select(user_api="blas")
+
+
+def one_blas_thread(function: Callable[Params, Result]) -> Callable[Params, Result]:
+    """Run `function` with BLAS on one thread, then restore the thread count.
+
+    Its matrix products are small, so a second thread gains nothing; and when another process
+    keeps the other core busy, BLAS threads wait on each other: 3-5x slower, measured.
+    """
+
+    @functools.wraps(function)
+    def pinned(*args: Params.args, **kwargs: Params.kwargs) -> Result:
+        with _blas().limit(limits=1):
+            return function(*args, **kwargs)
+
+    return pinned
+
 
 # -- resampling statistics ------------------------------------------------------------------------
 # A mean's bootstrap (and a sign-flip test) depends only on the distinct values and their counts,
@@ -69,6 +97,7 @@ def _check(resamples: int, level: float = 0.95) -> None:
         raise ValueError(f"level must be strictly between 0 and 1, got {level}")
 
 
+@one_blas_thread
 def bootstrap_ci(
     values: Values, *, seed: int = 0, resamples: int = 2000, level: float = 0.95
 ) -> tuple[float, float]:
@@ -133,6 +162,7 @@ def _random_sign_sums(magnitudes: FloatArray, seed: int, resamples: int) -> Floa
     return support @ (2 * positive - column)
 
 
+@one_blas_thread
 def randomization_test(
     a: Values,
     b: Values,
@@ -199,7 +229,7 @@ def compare_paired(a: Values, b: Values, *, seed: int = 0) -> Comparison:
 # -- per-group bootstrap, for many documents at once ---------------------------------------------
 
 
-def _pairs(groups: IntArray, values: FloatArray) -> tuple[IntArray, FloatArray, IntArray]:
+def value_pairs(groups: IntArray, values: FloatArray) -> tuple[IntArray, FloatArray, IntArray]:
     """Distinct (group, value) pairs sorted by group, with their mean value and their count.
 
     Above LEVELS distinct values, values are binned first (equal width); a pair keeps the mean
@@ -216,6 +246,7 @@ def _pairs(groups: IntArray, values: FloatArray) -> tuple[IntArray, FloatArray, 
     return keys // levels, np.bincount(inverse, values) / counts, counts
 
 
+@one_blas_thread
 def grouped_bootstrap_ci(
     groups: IntArray,
     values: FloatArray,
@@ -237,7 +268,7 @@ def grouped_bootstrap_ci(
     low, high = np.full(n_groups, np.nan), np.full(n_groups, np.nan)
     if values.size == 0:
         return low, high
-    pair_group, pair_value, count = _pairs(groups, values)
+    pair_group, pair_value, count = value_pairs(groups, values)
     sizes = np.bincount(pair_group, minlength=n_groups)
     single = sizes[pair_group] == 1  # one distinct value: every resample has that mean
     low[pair_group[single]] = high[pair_group[single]] = pair_value[single]
@@ -260,15 +291,41 @@ def _resample(
     quantiles: tuple[float, float],
 ) -> tuple[IntArray, tuple[FloatArray, FloatArray]]:
     """The groups of these pairs and the quantiles of their Poisson-resampled means."""
+    rng = np.random.default_rng(seed)
+    low, high = [], []
+    for totals, sums in block_sums(
+        pair_group,
+        pair_value,
+        count,
+        lambda keys: rng.poisson(keys[:, None], (keys.size, resamples)),
+    ):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            block_low, block_high = _row_quantiles(sums / totals, quantiles)
+        low.append(block_low)
+        high.append(block_high)
+    starts = np.flatnonzero(np.r_[True, pair_group[1:] != pair_group[:-1]])
+    return pair_group[starts], (np.concatenate(low), np.concatenate(high))
+
+
+def block_sums(
+    pair_group: IntArray,
+    pair_value: FloatArray,
+    count: IntArray,
+    draw: Callable[[IntArray], npt.NDArray[Any]],
+) -> Iterator[tuple[FloatArray, FloatArray]]:
+    """Per run of whole groups (sorted by group): each group's draw totals and value-weighted sums.
+
+    `draw(counts)` returns one row of resampled counts per entry of `counts`. Pairs of different
+    groups with the same count and the same position in their group share a row of draws: each
+    group's own resamples stay independent, and only a few thousand rows are drawn.
+    """
     starts = np.flatnonzero(np.r_[True, pair_group[1:] != pair_group[:-1]])
     bounds = np.r_[starts, pair_group.size]
     slot = np.arange(pair_group.size) - np.repeat(starts, np.diff(bounds))
     width = int(slot.max()) + 1
     keys, pool_row = np.unique(count * width + slot, return_inverse=True)
-    rng = np.random.default_rng(seed)
-    pool = rng.poisson((keys // width)[:, None], (keys.size, resamples)).astype(np.float64)
+    pool = draw(keys // width).astype(np.float64)
     group_of = np.repeat(np.arange(starts.size), np.diff(bounds))  # 0, 0, 1, 1, 1, 2, ...
-    low, high = [], []
     for first, last in _blocks(bounds, BLOCK):
         rows, groups = slice(bounds[first], bounds[last]), last - first
         # One matrix product gives each group's draw totals and weighted sums: BLAS is faster
@@ -278,11 +335,7 @@ def _resample(
         weights[group_of[rows] - first, columns] = 1.0
         weights[groups + group_of[rows] - first, columns] = pair_value[rows]
         sums = weights @ pool[pool_row[rows]]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            block_low, block_high = _row_quantiles(sums[groups:] / sums[:groups], quantiles)
-        low.append(block_low)
-        high.append(block_high)
-    return pair_group[starts], (np.concatenate(low), np.concatenate(high))
+        yield sums[:groups], sums[groups:]
 
 
 def _blocks(bounds: IntArray, size: int) -> Iterator[tuple[int, int]]:
