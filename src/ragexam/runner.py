@@ -145,7 +145,8 @@ class Runner:
         has changed is redone. Rows of another model, prompt or settings need --force.
         """
         ok: dict[str, Mapping[str, Any]] = {}
-        for row in self.log.load():
+        rows = self.log.load()
+        for row in rows:
             key = row[self.stage.key]
             if row["status"] == "ok":
                 ok[key] = row
@@ -159,7 +160,8 @@ class Runner:
         for key in changed:
             del ok[key]
         self.outcome.redone = len(changed)
-        self.log.rewrite(ok.values())  # error rows go; they come back retried or untouched
+        if len(ok) < len(rows):  # only to drop rows: a file of `ok` rows is appended to as it is
+            self.log.rewrite(ok.values())  # error rows go; they come back retried or untouched
         self.outcome.done_before = len(ok)
         return set(ok)
 
