@@ -129,6 +129,7 @@ class FakeOpenAI:
         self._conns: set[socket.socket] = set()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+        self.connections = 0  # connections accepted since start, for the benchmarks
 
     @property
     def base_url(self) -> str:
@@ -321,7 +322,7 @@ class FakeOpenAI:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True  # stop() must never wait for a handler thread
-    request_queue_size = 256  # the default backlog of 5 resets connections under bursts
+    request_queue_size = 1024  # the default backlog of 5 resets connections under bursts
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # Clients hanging up (timeouts, stop()) are routine here; anything else is a real bug.
@@ -343,6 +344,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with self.fake._lock:
             self.fake._conns.add(self.connection)
+            self.fake.connections += 1
 
     def finish(self) -> None:
         with self.fake._lock:

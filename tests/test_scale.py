@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
+import pytest
 from conftest import read_csv, run_cli
+from langchain_core.messages import HumanMessage
 from openai_server import FakeOpenAI, Faults
 from test_judge import exam
+
+from ragexam.config import load_settings
+from ragexam.errors import LLMError
+from ragexam.llm import LLM
 
 
 def test_resuming_a_file_of_ok_rows_appends_to_it_in_place(env: FakeOpenAI, tmp_path: Path) -> None:
     exam(tmp_path / "run", 30)
     output = tmp_path / "run" / "judgments.csv"
-    assert run_cli("judge", "--out", "run", "--limit", "10").exit_code == 0
+    assert run_cli("judge", "--controls", "0", "--out", "run", "--limit", "10").exit_code == 0
     first, written = output.stat().st_ino, output.read_bytes()
-    assert run_cli("judge", "--out", "run").exit_code == 0
+    assert run_cli("judge", "--controls", "0", "--out", "run").exit_code == 0
     # the same file, its first ten rows byte for byte, and twenty rows appended after them
     assert output.stat().st_ino == first and output.read_bytes().startswith(written)
     assert len(read_csv(output)) == 30 and env.count() == 30
@@ -24,12 +35,87 @@ def test_an_error_row_to_drop_rewrites_the_file(env: FakeOpenAI, tmp_path: Path)
     exam(tmp_path / "run", 20)
     output = tmp_path / "run" / "judgments.csv"
     env.faults = Faults(status_if=lambda text: 400 if "Question #4?" in text else None)
-    assert run_cli("judge", "--out", "run").exit_code == 0  # 1 error in 20 is the 5% allowed
+    assert (
+        run_cli("judge", "--controls", "0", "--out", "run").exit_code == 0
+    )  # 1 error in 20 is the 5% allowed
     assert [row["qa_id"] for row in read_csv(output) if row["status"] == "error"] == ["q4"]
     first = output.stat().st_ino
     env.faults = Faults()
-    assert run_cli("judge", "--out", "run").exit_code == 0
+    assert run_cli("judge", "--controls", "0", "--out", "run").exit_code == 0
     rows = read_csv(output)
     assert output.stat().st_ino != first  # rewritten, without the error row
     assert len(rows) == 20 and {row["status"] for row in rows} == {"ok"}
     assert env.count() == 21
+
+
+# -- the transport --------------------------------------------------------------------------------
+
+
+def test_one_connection_per_call_in_flight(env: FakeOpenAI, tmp_path: Path) -> None:
+    # The SDK's default pool keeps 100 idle connections and reopens the rest on every wave.
+    env.latency = 0.3
+    exam(tmp_path / "run", 3 * 128)
+    result = run_cli("judge", "--controls", "0", "--out", "run", "--concurrency", "128")
+    assert result.exit_code == 0, result.output
+    assert env.count() == 3 * 128
+    assert 64 <= env.connections <= 1.1 * 128
+
+
+@contextmanager
+def hanging_up() -> Iterator[str]:
+    """A server that reads each request and closes the connection without a reply."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        listener.settimeout(0.05)
+        while not stop.is_set():
+            with suppress(TimeoutError):
+                connection, _ = listener.accept()
+                with connection:
+                    connection.recv(65536)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+
+
+def test_a_dropped_connection_is_retried_and_named_not_called_a_timeout(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exam(tmp_path / "run", 3)
+    monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "1")
+    with hanging_up() as url:
+        monkeypatch.setenv("OPENAI_BASE_URL", url)
+        result = run_cli("judge", "--controls", "0", "--out", "run", "--max-error-rate", "1")
+    assert result.exit_code == 0, result.output
+    rows = read_csv(tmp_path / "run" / "judgments.csv")
+    assert len(rows) == 3 and {row["status"] for row in rows} == {"error"}
+    for row in rows:
+        assert "Server disconnected" in row["error"] and "timed out" not in row["error"]
+        assert row["attempts"] == "2"  # one retry, in ragexam's layer only
+
+
+def test_a_refused_connection_is_named_not_called_a_timeout(
+    env: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        port = closed.getsockname()[1]  # free once closed: nothing listens there
+    monkeypatch.setenv("OPENAI_BASE_URL", f"http://127.0.0.1:{port}/v1")
+    monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "0")
+    llm = LLM(load_settings(), "gpt-test")
+
+    async def ask() -> None:
+        try:
+            await llm.text([HumanMessage("hello")])
+        finally:
+            await llm.aclose()
+
+    with pytest.raises(LLMError, match="cannot connect to the endpoint") as caught:
+        asyncio.run(ask())
+    assert "timed out" not in str(caught.value)

@@ -40,6 +40,7 @@ from ragexam.structured import (
     reask,
     with_schema,
 )
+from ragexam.transport import async_http_client
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
@@ -116,9 +117,7 @@ class LLM:
             temperature=temperature,
             # Our own client: langchain-openai's shared default is bound to the first event
             # loop, and would break the next stage's asyncio.run in the same process.
-            http_async_client=openai.DefaultAsyncHttpxClient(
-                event_hooks={"response": [check_reply]}
-            ),
+            http_async_client=async_http_client(event_hooks={"response": [check_reply]}),
         )
         self.bound = ReplyBound(settings.openai_base_url, self.max_tokens)
         self.chat.extra_body = self.bound.body()
