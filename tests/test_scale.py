@@ -119,3 +119,20 @@ def test_a_refused_connection_is_named_not_called_a_timeout(
     with pytest.raises(LLMError, match="cannot connect to the endpoint") as caught:
         asyncio.run(ask())
     assert "timed out" not in str(caught.value)
+
+
+def test_the_proxy_the_environment_names_is_used(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exam(tmp_path / "run", 2)
+    monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "0")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://ragexam-test.invalid/v1")  # no such host
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    with hanging_up() as proxy:
+        monkeypatch.setenv("HTTP_PROXY", proxy.removesuffix("/v1"))
+        result = run_cli("judge", "--out", "run", "--max-error-rate", "1")
+    assert result.exit_code == 0, result.output
+    rows = read_csv(tmp_path / "run" / "judgments.csv")
+    # the proxy took the calls (and hung up on them): the unknown host was never looked up
+    assert all("closed the connection" in row["error"] for row in rows), rows

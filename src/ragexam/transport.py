@@ -21,6 +21,8 @@ from typing import Any
 import aiohttp
 import httpx2
 import openai
+import yarl
+from aiohttp.helpers import get_env_proxy_for_url
 
 DEFAULTS = openai.DEFAULT_CONNECTION_LIMITS  # at most 1000 connections, idle ones kept 5 s
 # aiohttp's timeouts, by the httpx2 timeout the SDK reports them as: the most specific first.
@@ -56,6 +58,7 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
 
     def __init__(self) -> None:
         self._session: aiohttp.ClientSession | None = None
+        self._proxies: dict[tuple[str, str, int | None], tuple[Any, Any]] = {}
 
     def _client(self) -> aiohttp.ClientSession:
         # Made on first use, inside the running event loop, which an aiohttp session belongs to.
@@ -65,8 +68,19 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
                 keepalive_timeout=DEFAULTS.keepalive_expiry or 0,
                 ssl=httpx2.create_ssl_context(),
             )
-            self._session = aiohttp.ClientSession(connector=connector, trust_env=True)
+            self._session = aiohttp.ClientSession(connector=connector)
         return self._session
+
+    def _proxy(self, url: httpx2.URL) -> tuple[Any, Any]:
+        """The proxy the environment names for this host (HTTPS_PROXY, NO_PROXY...) and its
+        credentials, looked up once: aiohttp's trust_env would look in a thread per request."""
+        key = (url.scheme, url.host, url.port)
+        if key not in self._proxies:
+            try:
+                self._proxies[key] = get_env_proxy_for_url(yarl.URL(str(url)))
+            except LookupError:
+                self._proxies[key] = (None, None)
+        return self._proxies[key]
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         """Send the request and read the whole reply (ragexam never streams)."""
@@ -79,12 +93,15 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
         # httpx2 has turned credentials in the URL into a header already; aiohttp would refuse
         # them in both places.
         url = request.url.copy_with(userinfo=b"") if request.url.userinfo else request.url
+        proxy, proxy_auth = self._proxy(url)
         with _honest_errors():
             async with self._client().request(
                 request.method,
                 str(url),
                 headers=request.headers.multi_items(),
                 data=await request.aread() or None,
+                proxy=proxy,
+                proxy_auth=proxy_auth,
                 allow_redirects=False,
                 auto_decompress=False,  # httpx2 decodes, by the Content-Encoding header
                 timeout=limits,
