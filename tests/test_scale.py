@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -135,4 +137,25 @@ def test_the_proxy_the_environment_names_is_used(
     assert result.exit_code == 0, result.output
     rows = read_csv(tmp_path / "run" / "judgments.csv")
     # the proxy took the calls (and hung up on them): the unknown host was never looked up
-    assert all("closed the connection" in row["error"] for row in rows), rows
+    assert all("Server disconnected" in row["error"] for row in rows), rows
+
+
+# -- time to the first call -----------------------------------------------------------------------
+
+
+def test_a_command_loads_only_the_libraries_it_uses() -> None:
+    code = (
+        "import sys\n"
+        "from ragexam.cli import app\n"
+        "try:\n"
+        "    app(['--help'], standalone_mode=False)\n"
+        "finally:\n"
+        "    heavy = ('openai', 'langchain_core', 'chromadb', 'pandas', 'numpy', 'aiohttp')\n"
+        "    print([name for name in heavy if name in sys.modules])\n"
+        "    import ragexam.judge\n"
+        "    print([name for name in ('chromadb', 'pandas', 'numpy') if name in sys.modules])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    help_loads, judge_loads = done.stdout.strip().splitlines()[-2:]
+    assert help_loads == "[]"  # --help and the CLI itself: no LLM, store or numeric library
+    assert judge_loads == "[]"  # judge: no store and no numeric library
