@@ -13,7 +13,7 @@ import pytest
 from conftest import run_cli
 
 from ragexam.csvfile import read_rows
-from ragexam.resampling import grouped_bootstrap_ci
+from ragexam.grouped import grouped_bootstrap_ci
 
 QA_HEADER = ["qa_id", "chunk_id", "document", "question", "ground_truth_answer", "status", "error"]
 ANSWER_HEADER = ["qa_id", "answer", "retrieved_ids", "target_rank", "status", "error"]

@@ -14,8 +14,8 @@ from rich.text import Text
 from ragexam.csvfile import atomic_file, escape_cell
 from ragexam.display import printable
 from ragexam.errors import InputFileError
+from ragexam.grouped import grouped_compare
 from ragexam.manifest import read_manifest
-from ragexam.paired import grouped_compare
 from ragexam.resampling import compare_paired
 from ragexam.stats import QA_FILE, load_questions, rank_index, resolve_k, score_table
 
@@ -80,7 +80,7 @@ def _scores(run: Path) -> pd.DataFrame:
 def _rows(paired: pd.DataFrame, seed: int) -> pd.DataFrame:
     """compare_paired for every metric over all questions (ALL), and per document of run A.
 
-    The documents are compared all at once (paired.grouped_compare), not one by one.
+    The documents are compared all at once (grouped.grouped_compare), not one by one.
     """
     codes, documents = pd.factorize(paired["document_a"], sort=True)
     overall, by_document = [], []

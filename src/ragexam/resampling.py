@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
@@ -17,8 +17,6 @@ IntArray = npt.NDArray[np.int64]
 Values = Sequence[float] | FloatArray
 
 RESAMPLES = 2000
-LEVELS = 101  # at most this many distinct values per group in the per-document bootstrap
-BLOCK = 64  # pairs per matrix product: 1 MB of draws at 2000 resamples, so it stays in cache
 
 Params = ParamSpec("Params")
 Result = TypeVar("Result")
@@ -224,141 +222,3 @@ def compare_paired(a: Values, b: Values, *, seed: int = 0) -> Comparison:
         same=int(np.count_nonzero(differences == 0)),
         n=int(differences.size),
     )
-
-
-# -- per-group bootstrap, for many documents at once ---------------------------------------------
-
-
-def value_pairs(groups: IntArray, values: FloatArray) -> tuple[IntArray, FloatArray, IntArray]:
-    """Distinct (group, value) pairs sorted by group, with their mean value and their count.
-
-    Above LEVELS distinct values, values are binned first (equal width); a pair keeps the mean
-    of its own rows, so every group's mean is unchanged and a value moves by less than a bin.
-    """
-    support, level = np.unique(values, return_inverse=True)
-    levels = support.size
-    if levels > LEVELS:
-        scaled = (values - support[0]) / (support[-1] - support[0]) * LEVELS
-        level, levels = np.minimum(scaled.astype(np.int64), LEVELS - 1), LEVELS
-    keys, inverse, counts = np.unique(
-        groups * levels + level, return_inverse=True, return_counts=True
-    )
-    return keys // levels, np.bincount(inverse, values) / counts, counts
-
-
-@one_blas_thread
-def grouped_bootstrap_ci(
-    groups: IntArray,
-    values: FloatArray,
-    n_groups: int,
-    *,
-    seed: int = 0,
-    resamples: int = RESAMPLES,
-    level: float = 0.95,
-) -> tuple[FloatArray, FloatArray]:
-    """Percentile bootstrap CI of the mean of every group at once; (nan, nan) when empty.
-
-    A Poisson bootstrap (Hanley & MacGibbon 2006): a resample gives each distinct
-    (group, value) pair a count drawn from Poisson(its count), and the group's resampled mean
-    is sum(value * count) / sum(count); resamples that draw nothing are left out. The cost is
-    O(pairs x resamples), never O(rows x resamples). Pairs of different groups with the same
-    count and the same position in their group share draws: each group's own resamples stay
-    independent, and only a few thousand rows of Poisson draws are made.
-    """
-    low, high = np.full(n_groups, np.nan), np.full(n_groups, np.nan)
-    if values.size == 0:
-        return low, high
-    pair_group, pair_value, count = value_pairs(groups, values)
-    sizes = np.bincount(pair_group, minlength=n_groups)
-    single = sizes[pair_group] == 1  # one distinct value: every resample has that mean
-    low[pair_group[single]] = high[pair_group[single]] = pair_value[single]
-    many = ~single
-    if many.any():
-        tail = (1 - level) / 2
-        resampled, bounds = _resample(
-            pair_group[many], pair_value[many], count[many], seed, resamples, (tail, 1 - tail)
-        )
-        low[resampled], high[resampled] = bounds
-    return low, high
-
-
-def _resample(
-    pair_group: IntArray,
-    pair_value: FloatArray,
-    count: IntArray,
-    seed: int,
-    resamples: int,
-    quantiles: tuple[float, float],
-) -> tuple[IntArray, tuple[FloatArray, FloatArray]]:
-    """The groups of these pairs and the quantiles of their Poisson-resampled means."""
-    rng = np.random.default_rng(seed)
-    low, high = [], []
-    for totals, sums in block_sums(
-        pair_group,
-        pair_value,
-        count,
-        lambda keys: rng.poisson(keys[:, None], (keys.size, resamples)),
-    ):
-        with np.errstate(invalid="ignore", divide="ignore"):
-            block_low, block_high = _row_quantiles(sums / totals, quantiles)
-        low.append(block_low)
-        high.append(block_high)
-    starts = np.flatnonzero(np.r_[True, pair_group[1:] != pair_group[:-1]])
-    return pair_group[starts], (np.concatenate(low), np.concatenate(high))
-
-
-def block_sums(
-    pair_group: IntArray,
-    pair_value: FloatArray,
-    count: IntArray,
-    draw: Callable[[IntArray], npt.NDArray[Any]],
-) -> Iterator[tuple[FloatArray, FloatArray]]:
-    """Per run of whole groups (sorted by group): each group's draw totals and value-weighted sums.
-
-    `draw(counts)` returns one row of resampled counts per entry of `counts`. Pairs of different
-    groups with the same count and the same position in their group share a row of draws: each
-    group's own resamples stay independent, and only a few thousand rows are drawn.
-    """
-    starts = np.flatnonzero(np.r_[True, pair_group[1:] != pair_group[:-1]])
-    bounds = np.r_[starts, pair_group.size]
-    slot = np.arange(pair_group.size) - np.repeat(starts, np.diff(bounds))
-    width = int(slot.max()) + 1
-    keys, pool_row = np.unique(count * width + slot, return_inverse=True)
-    pool = draw(keys // width).astype(np.float64)
-    group_of = np.repeat(np.arange(starts.size), np.diff(bounds))  # 0, 0, 1, 1, 1, 2, ...
-    for first, last in _blocks(bounds, BLOCK):
-        rows, groups = slice(bounds[first], bounds[last]), last - first
-        # One matrix product gives each group's draw totals and weighted sums: BLAS is faster
-        # than summing runs of rows, even with the zeros of the block's other groups.
-        weights = np.zeros((2 * groups, bounds[last] - bounds[first]))
-        columns = np.arange(weights.shape[1])
-        weights[group_of[rows] - first, columns] = 1.0
-        weights[groups + group_of[rows] - first, columns] = pair_value[rows]
-        sums = weights @ pool[pool_row[rows]]
-        yield sums[:groups], sums[groups:]
-
-
-def _blocks(bounds: IntArray, size: int) -> Iterator[tuple[int, int]]:
-    """Runs of whole groups, first..last-1, of at most `size` pairs (or a single group)."""
-    first, groups = 0, bounds.size - 1
-    while first < groups:
-        fits = int(np.searchsorted(bounds, bounds[first] + size, side="right")) - 1
-        last = min(max(first + 1, fits), groups)
-        yield first, last
-        first = last
-
-
-def _row_quantiles(
-    means: FloatArray, quantiles: tuple[float, float]
-) -> tuple[FloatArray, FloatArray]:
-    """Each row's quantiles, leaving out NaN, by numpy's default linear interpolation."""
-    ordered = np.sort(means, axis=1)  # NaN sorts last
-    top = np.maximum((~np.isnan(ordered)).sum(axis=1) - 1, 0)
-    rows = np.arange(ordered.shape[0])
-    found = []
-    for quantile in quantiles:
-        position = top * quantile
-        below = np.floor(position).astype(np.int64)
-        lower, upper = ordered[rows, below], ordered[rows, np.minimum(below + 1, top)]
-        found.append(lower + (position - below) * (upper - lower))
-    return found[0], found[1]

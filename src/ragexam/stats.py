@@ -19,10 +19,11 @@ from ragexam.controlruns import CONTROL_RUNS, MEASURED, control_means, measured_
 from ragexam.csvfile import atomic_file, escape_cell, unescape_cell
 from ragexam.cutoffs import cutoff_columns
 from ragexam.errors import InputFileError
+from ragexam.grouped import grouped_bootstrap_ci
 from ragexam.lock import run_folder_lock
 from ragexam.manifest import read_manifest
 from ragexam.metrics import score_rank
-from ragexam.resampling import RESAMPLES, bootstrap_ci, grouped_bootstrap_ci
+from ragexam.resampling import RESAMPLES, bootstrap_ci
 from ragexam.selection import select
 from ragexam.staleness import drop_stale, stale_grades
 from ragexam.verdict import Verdict, read_verdict

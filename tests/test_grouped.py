@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from ragexam.paired import FLIP_RESAMPLES, grouped_compare, grouped_sign_flip_test
+from ragexam.grouped import FLIP_RESAMPLES, grouped_compare, grouped_sign_flip_test
 from ragexam.resampling import EXACT_FLIPS, randomization_test
 
 
