@@ -1,9 +1,10 @@
 """The HTTP transport under the openai SDK: aiohttp, for a lower CPU cost per call.
 
 At hundreds of calls in flight the event loop's one thread is the limit, and about half its
-time went to the SDK's default HTTP stack (pool bookkeeping, sending, receiving). aiohttp's
-pool does the same work for about 40% less CPU per call, and keeps one connection per call in
-flight, where the default pool keeps 100 and reopens the rest. The openai SDK ships an aiohttp
+time went to the SDK's default HTTP stack (pool bookkeeping, sending, receiving). Through
+aiohttp the same calls took 29% less CPU (5.3 -> 3.7 ms per call at 256 in flight, measured in
+one run), with one connection per call in flight, where the default pool keeps 100 and reopens
+the rest. The openai SDK ships an aiohttp
 transport too; this one differs in saying honestly what failed: there a refused or dropped
 connection is reported as a timeout.
 
