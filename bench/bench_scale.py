@@ -33,7 +33,7 @@ def stage_args(stage: str, folder: Path, rows: int) -> list[str]:
     """Write the stage's input for `rows` rows; the command line that runs it."""
     if stage == "judge":
         write_exam(folder / "run", rows)
-        return ["judge"]
+        return ["judge", "--controls", "0"]
     build_store(folder / "store", rows)
     return ["generate", "--chroma", str(folder / "store")]
 

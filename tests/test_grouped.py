@@ -93,6 +93,7 @@ def test_sampled_p_values_of_continuous_differences_match_the_one_group_test() -
 
 
 def test_resampling_runs_blas_on_one_thread_and_restores_it() -> None:
+    import scipy.linalg  # noqa: F401  (scipy brings a BLAS of its own: both must be pinned)
     from threadpoolctl import threadpool_info
 
     from ragexam.resampling import one_blas_thread

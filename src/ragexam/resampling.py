@@ -6,11 +6,11 @@ import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar
 
 import numpy as np
 import numpy.typing as npt
-from threadpoolctl import ThreadpoolController
+from threadpoolctl import threadpool_limits
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -22,12 +22,6 @@ Params = ParamSpec("Params")
 Result = TypeVar("Result")
 
 
-@functools.cache
-def _blas() -> Any:
-    """The BLAS libraries numpy loaded (found once; about a millisecond)."""
-    return ThreadpoolController().select(user_api="blas")
-
-
 def one_blas_thread(function: Callable[Params, Result]) -> Callable[Params, Result]:
     """Run `function` with BLAS on one thread, then restore the thread count.
 
@@ -37,7 +31,8 @@ def one_blas_thread(function: Callable[Params, Result]) -> Callable[Params, Resu
 
     @functools.wraps(function)
     def pinned(*args: Params.args, **kwargs: Params.kwargs) -> Result:
-        with _blas().limit(limits=1):
+        # Found anew each time (about a millisecond): scipy may have loaded a BLAS of its own since.
+        with threadpool_limits(limits=1, user_api="blas"):
             return function(*args, **kwargs)
 
     return pinned
