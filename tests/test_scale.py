@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -64,7 +66,7 @@ def test_one_connection_per_call_in_flight(env: FakeOpenAI, tmp_path: Path) -> N
 
 
 @contextmanager
-def hanging_up() -> Iterator[str]:
+def hanging_up(tls: ssl.SSLContext | None = None) -> Iterator[str]:
     """A server that reads each request and closes the connection without a reply."""
     listener = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
@@ -72,10 +74,10 @@ def hanging_up() -> Iterator[str]:
     def serve() -> None:
         listener.settimeout(0.05)
         while not stop.is_set():
-            with suppress(TimeoutError):
+            with suppress(TimeoutError, OSError):
                 connection, _ = listener.accept()
-                with connection:
-                    connection.recv(65536)
+                with tls.wrap_socket(connection, server_side=True) if tls else connection as link:
+                    link.recv(65536)
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -159,3 +161,28 @@ def test_a_command_loads_only_the_libraries_it_uses() -> None:
     help_loads, judge_loads = done.stdout.strip().splitlines()[-2:]
     assert help_loads == "[]"  # --help and the CLI itself: no LLM, store or numeric library
     assert judge_loads == "[]"  # judge: no store and no numeric library
+
+
+def test_an_https_endpoint_is_checked_against_trusted_roots(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a self-signed certificate")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    request = ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=x"]
+    subprocess.run(
+        ["openssl", *request, "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(cert, key)
+    with hanging_up(tls) as url:
+        monkeypatch.setenv("OPENAI_BASE_URL", url.replace("http://", "https://"))
+        monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "0")
+        exam(tmp_path / "run", 1)
+        result = run_cli("judge", "--controls", "0", "--out", "run", "--max-error-rate", "1")
+    assert result.exit_code == 0, result.output
+    (row,) = read_csv(tmp_path / "run" / "judgments.csv")
+    # a self-signed certificate is refused: the key is never sent to an unverified server
+    assert "certificate verify failed" in row["error"], row["error"]

@@ -15,6 +15,7 @@ connection from the pool. Redirects, retries and the SDK's headers are left to t
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -60,6 +61,7 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
     def __init__(self) -> None:
         self._session: aiohttp.ClientSession | None = None
         self._proxies: dict[tuple[str, str, int | None], tuple[Any, Any]] = {}
+        self._tls: ssl.SSLContext | None = None
 
     def _client(self) -> aiohttp.ClientSession:
         # Made on first use, inside the running event loop, which an aiohttp session belongs to.
@@ -67,10 +69,18 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
             connector = aiohttp.TCPConnector(
                 limit=DEFAULTS.max_connections or 0,
                 keepalive_timeout=DEFAULTS.keepalive_expiry or 0,
-                ssl=httpx2.create_ssl_context(),
             )
             self._session = aiohttp.ClientSession(connector=connector)
         return self._session
+
+    def _verify(self, url: httpx2.URL) -> ssl.SSLContext | bool:
+        """httpx2's certificate checks (certifi's roots) for https; made on the first https
+        call, as loading the roots takes 20-70 ms that a local http server need not wait."""
+        if url.scheme != "https":
+            return True  # aiohttp's default, unused without TLS
+        if self._tls is None:
+            self._tls = httpx2.create_ssl_context()
+        return self._tls
 
     def _proxy(self, url: httpx2.URL) -> tuple[Any, Any]:
         """The proxy the environment names for this host (HTTPS_PROXY, NO_PROXY...) and its
@@ -101,6 +111,7 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
                 str(url),
                 headers=request.headers.multi_items(),
                 data=await request.aread() or None,
+                ssl=self._verify(url),
                 proxy=proxy,
                 proxy_auth=proxy_auth,
                 allow_redirects=False,
