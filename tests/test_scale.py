@@ -20,6 +20,7 @@ from openai_server import FakeOpenAI, Faults
 from test_judge import exam
 
 from ragexam.config import load_settings
+from ragexam.csvfile import _checked_file, _valid_rows
 from ragexam.errors import LLMError
 from ragexam.llm import LLM
 
@@ -186,3 +187,23 @@ def test_an_https_endpoint_is_checked_against_trusted_roots(
     (row,) = read_csv(tmp_path / "run" / "judgments.csv")
     # a self-signed certificate is refused: the key is never sent to an unverified server
     assert "certificate verify failed" in row["error"], row["error"]
+
+
+def test_a_valid_file_reads_the_same_in_one_pass_as_record_by_record(tmp_path: Path) -> None:
+    lines = [
+        "qa_id,question,answer,status",
+        'a,\'=1+1,"two\nlines",ok',  # an escaped formula, a quoted newline
+        "",  # a blank line is no record
+        "b,plain,'-3,error\r",  # a CRLF ending, an escaped minus
+        'c,"q, quoted",,ok',
+    ]
+    data = ("\n".join(lines) + "\n").encode()
+    fast = _valid_rows(data, ("qa_id",), "qa_id", ("question",))
+    assert fast == _checked_file(tmp_path / "x.csv", data, ("qa_id",), "qa_id", ("question",))
+    assert fast is not None and [row["question"] for row in fast] == ["=1+1", "plain", "q, quoted"]
+    assert fast[0]["answer"] == "two\nlines" and fast[1]["answer"] == "-3"
+    # any doubt goes to the careful reading, which names the line
+    assert _valid_rows(data.replace(b"b,plain", b"a,plain"), ("qa_id",), "qa_id", ()) is None
+    assert _valid_rows(data + b"d,x\n", ("qa_id",), None, ()) is None  # too few fields
+    assert _valid_rows(data + b"d,\xff,x,ok\n", ("qa_id",), None, ()) is None  # not UTF-8
+    assert _valid_rows(data + b"d,,x,ok\n", ("qa_id",), None, ("question",)) is None  # empty

