@@ -4,7 +4,7 @@
 
 In the same run it times a bare `openai.AsyncOpenAI` loop from its start to its first call,
 and prints the best of each and their ratio (target: at most 1.5). The clock stops when the
-test server receives the first chat call; each process is then stopped. One untimed run of
+test server receives the first request; each process is then stopped. One untimed run of
 each comes first, with bytecode caching on, so that both start from compiled modules as they
 do on a user's machine.
 """
@@ -17,38 +17,28 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from bench_judge import write_exam
 from common import BARE_LOOP, FakeOpenAI
 
 
-class FirstCall:
-    """A responder that notes when the first chat call arrives."""
-
-    def __init__(self) -> None:
-        self.arrived = threading.Event()
-        self.at = 0.0
-
-    def __call__(self, body: dict[str, Any]) -> None:
-        if not self.arrived.is_set():
-            self.at = time.monotonic()
-            self.arrived.set()
-
-
 def time_to_first_call(command: list[str], env: dict[str, str], server: FakeOpenAI) -> float:
-    """Seconds from starting `command` to the server receiving its first chat call."""
-    first = FirstCall()
-    server.responder = first
+    """Seconds from starting `command` to the server receiving its first request.
+
+    Any request counts: ragexam asks `GET /v1/models` (server.listings) once before its first
+    chat call, and the server's latency delays that reply too.
+    """
+    before = len(server.requests) + len(server.listings)
     started = time.monotonic()
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        if not first.arrived.wait(300):
-            raise RuntimeError(f"no call from {command[:4]}: {process.stderr}")
-        return first.at - started
+        while len(server.requests) + len(server.listings) == before:  # polled each millisecond
+            if time.monotonic() - started > 300 or process.poll() is not None:
+                raise RuntimeError(f"no call from {command[:4]}")
+            time.sleep(0.001)
+        return time.monotonic() - started
     finally:
         process.terminate()
         process.wait()
