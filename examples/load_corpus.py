@@ -4,19 +4,22 @@
     uv run python examples/load_corpus.py --embedding openai:text-embedding-3-small
 
 Chroma's default embedding (all-MiniLM-L6-v2) is downloaded once, on first use. With
-`openai:MODEL` the embeddings come from OPENAI_BASE_URL with OPENAI_API_KEY. Either way Chroma
+`openai:MODEL` the embeddings come from OPENAI_BASE_URL with OPENAI_API_KEY, read from the
+environment or from `.env`, as ragexam reads them. Either way Chroma
 stores the embedding function with the collection, so `ragexam answer` can reuse it.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 import chromadb
 from chromadb.config import Settings
 from chromadb.utils import embedding_functions
+
+from ragexam.config import load_settings
+from ragexam.errors import RagexamError
 
 HERE = Path(__file__).parent
 
@@ -35,11 +38,15 @@ def embedding_function(spec: str) -> object:
     """Chroma's default embedding function, or OpenAI-compatible embeddings for openai:MODEL."""
     if spec == "default":
         return embedding_functions.DefaultEmbeddingFunction()
-    model = spec.removeprefix("openai:")
+    try:
+        settings = load_settings()  # also puts .env's key where Chroma looks for it
+        settings.api_key()
+    except RagexamError as exc:
+        raise SystemExit(f"Error: {exc}") from None
     return embedding_functions.OpenAIEmbeddingFunction(
-        model_name=model,
+        model_name=spec.removeprefix("openai:"),
         api_key_env_var="OPENAI_API_KEY",
-        api_base=os.environ.get("OPENAI_BASE_URL"),
+        api_base=settings.embedding_base_url or settings.openai_base_url,
     )
 
 

@@ -158,9 +158,27 @@ def load_settings(env_file: Path | None = Path(".env"), **flags: Any) -> Setting
     """Build settings; flags that are None were not given and do not override."""
     given = {name: value for name, value in flags.items() if value is not None}
     try:
-        return Settings(_env_file=env_file, **given)
+        settings = Settings(_env_file=env_file, **given)
     except ValueError as exc:
         raise ConfigError(f"invalid setting: {mask_url(_first_error(exc))}") from None
+    share_env_file(env_file, settings)
+    return settings
+
+
+def share_env_file(env_file: Path | None, settings: Settings) -> None:
+    """Give `.env` to libraries that read the process environment, never over a set variable.
+
+    Chroma rebuilds a collection's stored embedding function from a variable name
+    (`api_key_env_var`), and a --rag module builds its own OpenAI client: both need the key.
+    """
+    from dotenv import dotenv_values
+
+    if env_file is not None and env_file.is_file():
+        for name, value in dotenv_values(env_file).items():
+            if value is not None:
+                os.environ.setdefault(name, value)
+    if not os.environ.get("OPENAI_API_KEY") and settings.openai_base_url:
+        os.environ["OPENAI_API_KEY"] = settings.api_key().get_secret_value()  # a local server
 
 
 def _first_error(exc: ValueError) -> str:
