@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from openai_server import FakeOpenAI  # noqa: E402
+from openai_server import FakeOpenAI
 
 server = FakeOpenAI().start()
 print(server.base_url, flush=True)

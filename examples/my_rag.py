@@ -1,13 +1,13 @@
-"""Your own RAG system, for: cd examples && ragexam answer --rag my_rag:answer --chroma chroma"""
+"""Your own RAG system: ragexam answer --rag examples/my_rag.py:answer --chroma examples/chroma"""
 
 import os
+from pathlib import Path
 
 import chromadb
 from openai import OpenAI
 
-collection = chromadb.PersistentClient(os.environ.get("RAG_CHROMA", "chroma")).get_collection(
-    "handbook"
-)
+store = os.environ.get("RAG_CHROMA", str(Path(__file__).parent / "chroma"))
+collection = chromadb.PersistentClient(store).get_collection("handbook")
 llm = OpenAI()
 
 

@@ -1,4 +1,4 @@
-"""A newcomer's first run: `.env` serves every component, and the sample loader fails in one line."""
+"""A newcomer's first run: `.env` serves every component, and the documented commands work."""
 
 from __future__ import annotations
 
@@ -8,8 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import read_csv, run_cli
+from conftest import build_store, read_csv, run_cli
 from openai_server import FakeOpenAI
+from test_answer import make_store, write_qa
+from test_generate import docs
+
+from ragexam.csvfile import read_rows
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -62,3 +66,108 @@ def test_the_loader_without_a_key_fails_in_one_line(
     lines = loaded.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: OPENAI_API_KEY is not set"), lines
     assert env.requests == []
+
+
+def test_judge_creates_a_new_out_folder_and_stats_finds_the_exam(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    store = build_store(tmp_path / "store", docs(6))
+    env.embedding_dim = 16  # the store's dimension
+    assert run_cli("generate", "--chroma", str(store), "--out", "base").exit_code == 0
+    answered = run_cli("answer", "--chroma", str(store), "--out", "base", "--embedding", "openai:e")
+    assert answered.exit_code == 0, answered.output
+    judged = run_cli(
+        "judge",
+        "--qa-dataset",
+        "base/qa_dataset.csv",
+        "--answers",
+        "base/answers.csv",
+        "--out",
+        "new/judge",
+    )
+    assert judged.exit_code == 0, judged.output
+    assert len(read_csv(tmp_path / "new" / "judge" / "judgments.csv")) == 6
+    # The judge recorded where its inputs came from, so the folder is complete for stats.
+    summarised = run_cli("stats", "--out", "new/judge")
+    assert summarised.exit_code == 0, summarised.output
+    overall = read_rows(tmp_path / "new" / "judge" / "summary.csv", ["questions"])[0]
+    assert overall["questions"] == "6" and overall["n_judged"] == "6"
+
+
+def test_bring_your_own_rag_as_documented(env: FakeOpenAI, tmp_path: Path) -> None:
+    assert load_corpus(tmp_path / "chroma", "--embedding", "openai:fake-embed").returncode == 0
+    assert run_cli("generate", "--chroma", "chroma").exit_code == 0
+    assert run_cli("answer", "--chroma", "chroma").exit_code == 0
+    assert run_cli("judge").exit_code == 0
+    # The README's command, from the project folder, with the example module given as a file.
+    mine = subprocess.run(
+        [
+            *(sys.executable, "-m", "ragexam.cli", "answer"),
+            *("--rag", f"{EXAMPLES}/my_rag.py:answer", "--chroma", "chroma"),
+            *("--qa-dataset", "outputs/qa_dataset.csv", "--out", "outputs/my"),
+        ],
+        env={**os.environ, "RAG_CHROMA": str(tmp_path / "chroma")},
+        capture_output=True,
+        text=True,
+    )
+    assert mine.returncode == 0, mine.stderr
+    rows = read_csv(tmp_path / "outputs" / "my" / "answers.csv")
+    assert len(rows) == 19 and {row["status"] for row in rows} == {"ok"}
+    assert all(float(row["latency_s"]) > 0 for row in rows)
+    assert not (tmp_path / "outputs" / "my" / "qa_dataset.csv").exists()
+    assert run_cli("judge", "--out", "outputs/my").exit_code == 0
+    assert run_cli("stats", "--out", "outputs/my").exit_code == 0
+    compared = run_cli("compare", "outputs", "outputs/my")
+    assert compared.exit_code == 0, compared.output
+    assert (tmp_path / "outputs" / "my" / "comparison.csv").is_file()
+
+
+LANGCHAIN_RAGS = """
+from langchain_core.documents import Document
+from langchain_core.messages import AIMessage
+from langchain_core.runnables import RunnableLambda, RunnablePassthrough
+
+def message(question):
+    return AIMessage(content="a message about " + question)
+
+def text_only(question):
+    return AIMessage(content="text about " + question).text
+
+def _retrieve(question):
+    return [Document("Chunk text number 3.", id="c3"), Document("other", metadata={"id": "c1"})]
+
+# Shaped like langchain's create_retrieval_chain: it takes {"input": ...}.
+retrieval_chain = RunnablePassthrough.assign(
+    context=(lambda x: x["input"]) | RunnableLambda(_retrieve)
+).assign(answer=lambda x: AIMessage(content="chain answer"))
+
+def legacy_qa(question):
+    return {"result": "legacy answer", "source_documents": _retrieve(question)}
+"""
+
+
+@pytest.mark.parametrize(
+    ("target", "answer", "rank"),
+    [
+        ("message", "a message about q3", ""),
+        ("text_only", "text about q3", ""),
+        ("retrieval_chain", "chain answer", "1"),
+        ("legacy_qa", "legacy answer", "1"),
+    ],
+)
+def test_langchain_outputs_are_accepted(
+    env: FakeOpenAI, tmp_path: Path, target: str, answer: str, rank: str
+) -> None:
+    (tmp_path / f"lc_{target}.py").write_text(LANGCHAIN_RAGS, encoding="utf-8")
+    store = make_store(tmp_path / "store", env)
+    write_qa(
+        tmp_path / "run" / "qa_dataset.csv", [{"qa_id": "a", "chunk_id": "c3", "question": "q3"}]
+    )
+    result = run_cli(
+        "answer", "--chroma", str(store), "--out", "run", "--rag", f"lc_{target}:{target}"
+    )
+    assert result.exit_code == 0, result.output
+    [row] = read_csv(tmp_path / "run" / "answers.csv")
+    assert row["status"] == "ok", row["error"]
+    assert (row["answer"], row["target_rank"]) == (answer, rank)
+    assert float(row["latency_s"]) >= 0 and row["latency_s"] != ""

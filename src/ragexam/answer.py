@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -209,7 +210,7 @@ class RagSystem(ABC):
             **self.fixed(),
             "store": options.store.describe() if options.store else None,
             "collection": collection.name if collection is not None else None,
-            "qa_dataset": str(options.qa_path or options.out / QA_FILE),
+            "qa_dataset": str((options.qa_path or options.out / QA_FILE).resolve()),
             "settings": settings.public(),
         }
 
@@ -319,9 +320,12 @@ class CustomRag(RagSystem):
     async def work(self, task: Task) -> dict[str, Any]:
         """Ask the callable; match what it retrieved against the source chunk."""
         question, source_text = task.payload
+        started = time.monotonic()
         answer, hits = await call_rag(self.rag, question.text, self.timeout)
+        latency = round(time.monotonic() - started, 3)
         missing = [hit.id for hit in hits if hit.text is None and hit.id is not None]
         if missing and source_text is not None:  # ids only: fetch texts to match duplicates
             texts = await self.source_texts(missing)
             hits = [Hit(hit.id, texts.get(hit.id or "", hit.text)) for hit in hits]
-        return answer_row(answer, hits, rank_of(question.chunk_id, source_text, hits))
+        row = answer_row(answer, hits, rank_of(question.chunk_id, source_text, hits))
+        return {**row, "latency_s": latency}

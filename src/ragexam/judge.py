@@ -31,7 +31,7 @@ from ragexam.errors import LLMError, RowError
 from ragexam.fingerprint import input_hash
 from ragexam.generate import QA_FILE
 from ragexam.llm import LLM, Reply
-from ragexam.manifest import read_manifest
+from ragexam.manifest import input_file, read_manifest
 from ragexam.prompts import Delimited, Prompt, load_prompt
 from ragexam.runner import (
     Outcome,
@@ -156,6 +156,7 @@ def run_judge(
     """Write `judgments.csv`; inputs and key are checked before the first paid call."""
     exams, skipped = _read_exams(options)
     settings.api_key()
+    options.out.mkdir(parents=True, exist_ok=True)
     plan = JudgePlan(settings, options, exams[: options.limit])
     stage = plan.stage("judge", JUDGMENTS_FILE, "qa_id", JUDGE_COLUMNS)
     outcome = _execute(settings, options, plan, stage, {"skipped": skipped}, progress)
@@ -194,10 +195,17 @@ def _exam_method(settings: Settings, out: Path) -> Settings:
     return settings.model_copy(update={"structured_output": StructuredMethod(method)})
 
 
+INPUTS = ("qa_dataset", "answers")  # the manifest's names for the files judge reads
+
+
+def _inputs(options: JudgeOptions) -> tuple[Path, Path]:
+    """The exam (given, in the run folder, or where `answer` recorded it) and the answers."""
+    qa_path = options.qa_path or input_file(options.out, QA_FILE, "qa_dataset")
+    return qa_path, options.answers_path or options.out / ANSWERS_FILE
+
+
 def _read_exams(options: JudgeOptions) -> tuple[list[Exam], int]:
-    return read_exams(
-        options.qa_path or options.out / QA_FILE, options.answers_path or options.out / ANSWERS_FILE
-    )
+    return read_exams(*_inputs(options))
 
 
 def _execute(
@@ -217,6 +225,7 @@ def _execute(
         "temperature": plan.temperature,
         **extra,
         "settings": settings.public(),
+        **{name: str(path.resolve()) for name, path in zip(INPUTS, _inputs(options), strict=True)},
     }
     how = RunSettings(options.out, settings.concurrency, options.force, settings.redact)
     return execute(stage, plan, record, how, progress)

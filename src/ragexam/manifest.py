@@ -43,3 +43,16 @@ def read_manifest(out: Path) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def input_file(out: Path, name: str, key: str) -> Path:
+    """`out/name`, else the file a stage of this run recorded reading as `key` (e.g. the exam)."""
+    local = out / name
+    if local.exists():
+        return local
+    stages = read_manifest(out).get("stages")
+    for record in stages.values() if isinstance(stages, dict) else ():
+        recorded = record.get(key) if isinstance(record, dict) else None
+        if isinstance(recorded, str) and Path(recorded).is_file():
+            return Path(recorded)
+    return local

@@ -1,11 +1,13 @@
 """Bring your own RAG: load `module:callable` and turn what it returns into an answer and hits.
 
 The callable takes the question (a string) and returns the answer and the retrieved chunks,
-best first, as a `(answer, retrieved)` tuple or a mapping with `answer` and one of
-`retrieved`, `context`, `source_documents` or `documents`. Retrieved chunks are ids
-(strings) or LangChain `Document`s. It may be a plain or async function or a LangChain
-Runnable; plain functions run in worker threads, `--concurrency` at a time, and each call
-has `--rag-timeout` seconds to answer.
+best first, as a `(answer, retrieved)` tuple or a mapping with `answer` (or `result`,
+`output`) and one of `retrieved`, `context`, `source_documents` or `documents`, as LangChain's
+retrieval chains return them. Retrieved chunks are ids (strings) or LangChain `Document`s. An
+answer alone (text, or a chat message such as an `AIMessage`) is an answer with no retrieved
+chunks. It may be a plain or async function or a LangChain Runnable; a Runnable whose input is a
+mapping gets the question under `input`, `question` or `query`. Plain functions run in worker
+threads, `--concurrency` at a time, and each call has `--rag-timeout` seconds to answer.
 """
 
 from __future__ import annotations
@@ -25,14 +27,21 @@ from ragexam.retrieval import Hit
 ANSWER_KEYS = ("answer", "result", "output")
 RETRIEVED_KEYS = ("retrieved", "context", "source_documents", "documents")
 ID_KEYS = ("id", "chunk_id", "_id")
+INPUT_KEYS = ("input", "question", "query")
 
 
 def load_rag(spec: str) -> Any:
-    """Import `module:callable`, looking in the working directory first."""
-    module_name, _, attribute = spec.partition(":")
+    """Import `module:callable` (from the working directory first) or `path/file.py:callable`."""
+    module_name, _, attribute = spec.rpartition(":")
     if not module_name or not attribute:
         raise ConfigError(f"--rag {spec!r} must look like module:callable, e.g. my_rag:answer")
-    if str(Path.cwd()) not in sys.path:
+    if module_name.endswith(".py"):  # a file: its folder is searched first, for its own imports
+        path = Path(module_name).resolve()
+        if not path.is_file():
+            raise ConfigError(f"--rag {spec!r}: no file {module_name}")
+        module_name = path.stem
+        sys.path.insert(0, str(path.parent))
+    elif str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     try:
         module = importlib.import_module(module_name)
@@ -70,7 +79,7 @@ async def call_rag(rag: Any, question: str, seconds: float) -> tuple[str, list[H
 
 def _invoke(rag: Any, question: str, seconds: float) -> Awaitable[Any]:
     if hasattr(rag, "ainvoke"):
-        return rag.ainvoke(question)  # type: ignore[no-any-return]
+        return invoke_runnable(rag, question)
     if inspect.iscoroutinefunction(rag) or inspect.iscoroutinefunction(
         getattr(rag, "__call__", None)  # noqa: B004 - an async __call__ method
     ):
@@ -88,21 +97,71 @@ async def _within(seconds: float, awaitable: Awaitable[Any]) -> Any:
     return task.result()
 
 
+_FORMS: dict[int, str | None] = {}  # per Runnable: None for a plain string, else the input key
+
+
+async def invoke_runnable(rag: Any, question: str) -> Any:
+    """`ainvoke` with the question as the Runnable takes it: a string, or a mapping.
+
+    The form comes from a legacy chain's `input_keys` or the input schema when they name one of
+    `input`, `question` or `query`; else each form is tried once, and the one that works is kept.
+    """
+    forms = [_FORMS[id(rag)]] if id(rag) in _FORMS else _input_forms(rag)
+    first: Exception | None = None
+    for key in forms:
+        try:
+            result = await rag.ainvoke(question if key is None else {key: question})
+        except (TypeError, KeyError, ValueError) as exc:  # the wrong input shape, most often
+            first = first or exc
+            continue
+        _FORMS[id(rag)] = key
+        return result
+    assert first is not None
+    raise first
+
+
+def _input_forms(rag: Any) -> list[str | None]:
+    keys = getattr(rag, "input_keys", None)
+    if isinstance(keys, list) and len(keys) == 1 and isinstance(keys[0], str):
+        return [str(keys[0])]
+    try:
+        fields = rag.get_input_jsonschema().get("properties") or {}
+    except Exception:  # a Runnable that cannot describe its input
+        fields = {}
+    named: list[str | None] = [key for key in INPUT_KEYS if key in fields]
+    return named[:1] if named else [None, *INPUT_KEYS]
+
+
 def normalise(result: Any) -> tuple[str, list[Hit]]:
-    """(answer, hits) from a tuple or mapping of answer and retrieved chunks."""
+    """(answer, hits) from a tuple or mapping of answer and retrieved chunks, or an answer alone."""
+    retrieved: Any = None
     if isinstance(result, tuple) and len(result) == 2:
         answer, retrieved = result
     elif isinstance(result, Mapping):
         answer = _first(result, ANSWER_KEYS)
-        retrieved = _first(result, RETRIEVED_KEYS)
+        retrieved = next((result[key] for key in RETRIEVED_KEYS if key in result), None)
+    elif _text(result) is not None:
+        answer = result
     else:
         raise RowError(
-            f"the RAG callable returned {type(result).__name__}; expected (answer, retrieved) "
-            "or a mapping with 'answer' and 'retrieved'"
+            f"the RAG callable returned {type(result).__name__}; expected (answer, retrieved), "
+            "a mapping with 'answer' and 'retrieved', or the answer alone"
         )
-    if not isinstance(answer, str):
+    text = _text(answer)
+    if text is None:
         raise RowError(f"the RAG callable's answer is {type(answer).__name__}, not text")
-    return answer, [_hit(item) for item in retrieved or []]
+    return text, [_hit(item) for item in retrieved or []]
+
+
+def _text(value: Any) -> str | None:
+    """Text from a str (or str subclass) or a chat message; None for anything else."""
+    if isinstance(value, str):
+        return str.__str__(value)
+    content = getattr(value, "content", None)
+    if isinstance(content, str):
+        return content
+    text = getattr(value, "text", None) if isinstance(content, list) else None
+    return str.__str__(text) if isinstance(text, str) else None
 
 
 def _first(result: Mapping[str, Any], keys: tuple[str, ...]) -> Any:

@@ -21,7 +21,7 @@ from ragexam.cutoffs import cutoff_columns
 from ragexam.errors import InputFileError
 from ragexam.grouped import grouped_bootstrap_ci
 from ragexam.lock import run_folder_lock
-from ragexam.manifest import read_manifest
+from ragexam.manifest import input_file, read_manifest
 from ragexam.metrics import score_rank
 from ragexam.resampling import RESAMPLES, bootstrap_ci
 from ragexam.selection import select
@@ -265,12 +265,14 @@ def _checked(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
 
 def load_questions(out: Path, *, texts: bool = False) -> pd.DataFrame:
     """One row per question of qa_dataset.csv, joined on qa_id with its answer and judgment."""
-    qa = _read(out / QA_FILE, ("qa_id", "document", "status", *(TEXTS if texts else ())))
+    qa_path = input_file(out, QA_FILE, "qa_dataset")  # answer records where its exam came from
+    qa = _read(qa_path, ("qa_id", "document", "status", *(TEXTS if texts else ())))
     index = pd.Index(qa["qa_id"])
     if not index.is_unique:
         repeated = unescape_cell(str(qa["qa_id"][index.duplicated()].iloc[0]))
-        raise InputFileError(out / QA_FILE, f"repeats qa_id {repeated!r}; each needs its own")
-    answers = _aligned(out / ANSWERS_FILE, index, ("target_rank",), ("answer",) if texts else ())
+        raise InputFileError(qa_path, f"repeats qa_id {repeated!r}; each needs its own")
+    answers_path = input_file(out, ANSWERS_FILE, "answers")
+    answers = _aligned(answers_path, index, ("target_rank",), ("answer",) if texts else ())
     judgments = _aligned(out / JUDGMENTS_FILE, index, ("completeness", "conciseness"), ())
     failed = (answers.present & ~answers.ok) | (judgments.present & ~judgments.ok)
     error = (qa["status"] != "ok").to_numpy() | failed
