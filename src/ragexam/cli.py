@@ -85,6 +85,7 @@ PerDocumentOpt = Annotated[
     int | None, _opt("--per-document", "N chunks from every document.", min=1)
 ]
 SampleSeedOpt = Annotated[int, _opt("--seed", "Seed of --sample and --split.")]
+RunSeedOpt = Annotated[int, _opt("--seed", "Seed of --sample, --split and the resampling.")]
 SplitOpt = Annotated[
     float | None, _opt("--split", "Share of each document's questions in validation.")
 ]
@@ -419,12 +420,18 @@ def run(
     controls: ControlsOpt = False,
     sample: SampleOpt = None,
     per_document: PerDocumentOpt = None,
-    seed: SampleSeedOpt = 0,
+    seed: RunSeedOpt = 0,
     split: SplitOpt = None,
     check: CheckOpt = False,
     trust_store_endpoint: TrustOpt = False,
+    max_chunk_chars: MaxCharsOpt = 8000,
+    samples: SamplesOpt = 1,
+    temperature: TemperatureOpt = None,
+    scale: ScaleOpt = Scale.unit,
+    context: ContextOpt = AnswerContext.retrieved,
+    exclude_flagged: ExcludeFlaggedOpt = False,
 ) -> None:
-    """Run every stage in order: generate, answer, judge, stats."""
+    """Run every stage in order: generate, answer, judge, stats; --limit applies to each."""
     if controls and rag:
         raise ConfigError(
             "--controls answer with the built-in answerer, which is not your --rag system: "
@@ -447,6 +454,7 @@ def run(
         seed=seed,
         split=split,
         check=check,
+        max_chunk_chars=max_chunk_chars,
     )
     answer(
         chroma=chroma,
@@ -456,14 +464,20 @@ def run(
         k=k,
         embedding=embedding,
         rag=rag,
+        limit=limit,
         concurrency=concurrency,
         model=model,
         max_error_rate=max_error_rate,
         force=force,
         trust_store_endpoint=trust_store_endpoint,
+        context=context,
     )
     judge(
         out=out,
+        samples=samples,
+        temperature=temperature,
+        scale=scale,
+        limit=limit,
         concurrency=concurrency,
         model=model,
         max_error_rate=max_error_rate,
@@ -478,6 +492,7 @@ def run(
             collection=collection,
             out=out / folder,
             qa_dataset=out / "qa_dataset.csv",
+            limit=limit,
             concurrency=concurrency,
             model=model,
             max_error_rate=max_error_rate,
@@ -487,6 +502,10 @@ def run(
         judge(
             out=out / folder,
             qa_dataset=out / "qa_dataset.csv",
+            samples=samples,
+            temperature=temperature,
+            scale=scale,
+            limit=limit,
             concurrency=concurrency,
             model=model,
             max_error_rate=max_error_rate,
@@ -494,7 +513,7 @@ def run(
             force=force,
             controls=0,  # the judge's known-answer controls are graded once, in the exam run
         )
-    stats(out=out, k=k)
+    stats(out=out, k=k, seed=seed, exclude_flagged=exclude_flagged)
 
 
 def main() -> None:
