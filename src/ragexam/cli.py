@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
+from rich.markup import escape
 
 from ragexam.config import (
     AnswerContext,
@@ -21,7 +22,7 @@ from ragexam.config import (
     debug_enabled,
     load_settings,
 )
-from ragexam.display import progress_bar, say, show_warnings, summary_line
+from ragexam.display import Starting, progress_bar, say, show_warnings, summary_line
 from ragexam.errors import ConfigError, RagexamError
 from ragexam.store import StoreRef
 
@@ -38,7 +39,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _opt(name: str, text: str, **extra: Any) -> Any:
-    return typer.Option(name, help=text, **extra)
+    return typer.Option(name, help=escape(text), **extra)  # "[json_schema]" is not rich markup
 
 
 OutOpt = Annotated[Path, _opt("--out", "Run folder for every file.")]
@@ -57,7 +58,7 @@ MethodOpt = Annotated[
     StructuredMethod | None,
     _opt("--structured-output", "How to ask for structured output [json_schema]."),
 ]
-ForceOpt = Annotated[bool, _opt("--force", "Redo rows of another model or prompt.")]
+ForceOpt = Annotated[bool, _opt("--force", "Redo rows of another model or prompt.", metavar="")]
 KOpt = Annotated[int, _opt("--k", "Chunks to retrieve per question.", min=1)]
 EmbeddingOpt = Annotated[
     str | None, _opt("--embedding", "collection (the store's own) or openai:MODEL [collection].")
@@ -113,7 +114,8 @@ def handled(command: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         show_warnings()
         try:
-            return command(*args, **kwargs)
+            with Starting.show(command.__name__):
+                return command(*args, **kwargs)
         except RagexamError as exc:
             say(f"Error: {exc}")
             raise typer.Exit(exc.exit_code) from None
@@ -153,8 +155,23 @@ def say_notes() -> None:
         say(_notes.pop(0))
 
 
+def _version(shown: bool) -> None:
+    if shown:
+        from ragexam import __version__
+
+        print(f"ragexam {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _commands() -> None:
+def _commands(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", help="Show the version and exit.", callback=_version, is_eager=True
+        ),
+    ] = False,
+) -> None:
     """Evaluate a RAG system over a Chroma collection: generate, answer, judge, stats."""
 
 

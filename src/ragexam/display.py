@@ -19,6 +19,7 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.status import Status
 from rich.text import Text
 
 if TYPE_CHECKING:
@@ -34,9 +35,38 @@ def printable(text: str) -> str:
     return _CONTROL.sub("?", text)
 
 
-def say(text: str) -> None:
-    """One plain line on stderr (no markup, no highlighting, never wrapped, no escapes)."""
-    err.print(printable(text), markup=False, highlight=False, soft_wrap=True)
+def say(text: str, wrap: bool = False) -> None:
+    """One plain line on stderr (no markup, no highlighting, no escapes); word-wrapped if asked."""
+    err.print(printable(text), markup=False, highlight=False, soft_wrap=not wrap)
+
+
+class Starting:
+    """A transient line on a terminal saying what happens before the first bar appears."""
+
+    status: Status | None = None
+
+    @classmethod
+    @contextmanager
+    def show(cls, command: str) -> Iterator[None]:
+        """Show it while the command prepares; the first bar, or the command's end, clears it."""
+        cls.clear()
+        if err.is_terminal:
+            cls.status = err.status(f"{command}: {STARTING}", spinner="dots")
+            cls.status.start()
+        try:
+            yield
+        finally:
+            cls.clear()
+
+    @classmethod
+    def clear(cls) -> None:
+        """Remove the line, if it is showing."""
+        status, cls.status = cls.status, None
+        if status is not None:
+            status.stop()
+
+
+STARTING = "loading libraries, opening the store, checking the endpoint…"
 
 
 class _SayWarnings(logging.Handler):
@@ -56,11 +86,11 @@ def show_warnings() -> None:
 
 
 class RateColumn(ProgressColumn):
-    """Rows per second, once there is a speed to show."""
+    """Rows per second over the last few seconds ("now"), once there is a speed to show."""
 
     def render(self, task: Task) -> Text:
         """The current speed."""
-        return Text(f"{task.speed:.1f} rows/s" if task.speed else "- rows/s")
+        return Text(f"{task.speed:.1f} rows/s now" if task.speed else "- rows/s now")
 
 
 class BarProgress:
@@ -86,6 +116,7 @@ class BarProgress:
     def start(self, total: int | None, done_before: int) -> None:
         """Show the bar; rows already done are mentioned, not counted."""
         note = f"{self.label} ({done_before} already done)" if done_before else self.label
+        Starting.clear()
         self.bar.update(self.task, total=total, description=note)
         self.bar.start_task(self.task)
         self.bar.start()
@@ -114,8 +145,13 @@ def summary_line(stage: str, result: StageResult, skipped_note: str | None = Non
     rate = (outcome.ok + outcome.errors) / outcome.seconds if outcome.seconds else 0.0
     say(
         f"{stage}: {outcome.ok} ok, {outcome.errors} errors this run ({outcome.done_before} "
-        f"done before) in {outcome.seconds:.1f}s, {rate:.1f} rows/s; tokens "
-        f"{outcome.prompt_tokens:,} in + {outcome.completion_tokens:,} out -> {result.path}"
+        f"done before) -> {result.path}",
+        wrap=True,
+    )
+    say(
+        f"  {outcome.seconds:.1f}s in all, setup included: {rate:.1f} rows/s overall; tokens "
+        f"{outcome.prompt_tokens:,} in + {outcome.completion_tokens:,} out",
+        wrap=True,
     )
     if outcome.redone:
         say(f"  {outcome.redone} rows redone: their input changed since they were made")

@@ -20,6 +20,7 @@ from ragexam.resampling import RESAMPLES
 from ragexam.stats import DIAGNOSES, LOW_COMPLETENESS, LOW_CONCISENESS, LOW_HIT_RATE, StatsResult
 
 TERMINAL_ROWS = 20
+TERMINAL_NAME = 32  # characters of a document name in the terminal; the tail is kept
 REPORT_DOCUMENTS = 30
 # (CI column prefix, mean column, label)
 MEANS = [
@@ -64,7 +65,7 @@ def terminal_table(result: StatsResult) -> Table:
         box=box.SIMPLE_HEAD,
         pad_edge=False,
     )
-    table.add_column("document", overflow="fold", min_width=12, ratio=1)
+    table.add_column("document", no_wrap=True, min_width=12, max_width=TERMINAL_NAME)
     table.add_column("diagnosis")
     for header in [SHORT.get(name, name) for name in counts] + [SHORT[m] for _, m, _ in MEANS]:
         table.add_column(header, justify="right")
@@ -75,11 +76,16 @@ def terminal_table(result: StatsResult) -> Table:
     return table
 
 
+def short_name(name: str, width: int = TERMINAL_NAME) -> str:
+    """A document name cut to one line from the left: a path's end says most about it."""
+    return name if len(name) <= width else "…" + name[-(width - 1) :]
+
+
 def _terminal_cells(row: pd.Series, counts: list[str]) -> list[Text]:
     """One row's cells; Text keeps a document name like "[red]" from being read as markup."""
     diagnosis = str(row["diagnosis"])
     cells = [
-        Text(printable(str(row["document"]))),
+        Text(short_name(printable(str(row["document"])))),
         Text(diagnosis, style=diagnosis_colour(diagnosis, True)),
     ]
     cells += [Text(str(row[name])) for name in counts]
