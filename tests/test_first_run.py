@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import build_store, read_csv, run_cli
+from langchain_core.documents import Document
 from openai_server import FakeOpenAI
 from test_answer import make_store, write_qa
 from test_generate import docs
@@ -171,3 +172,23 @@ def test_langchain_outputs_are_accepted(
     assert row["status"] == "ok", row["error"]
     assert (row["answer"], row["target_rank"]) == (answer, rank)
     assert float(row["latency_s"]) >= 0 and row["latency_s"] != ""
+
+
+def test_chunks_without_a_document_key_stop_before_any_call(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    chunks = [
+        Document(f"Fact {i}.", metadata={"url": f"https://kb.example/{i % 2}", "n": i}, id=f"c{i}")
+        for i in range(4)
+    ]
+    store = build_store(tmp_path / "store", chunks)
+    refused = run_cli("generate", "--chroma", str(store), "--out", "run")
+    assert refused.exit_code != 0
+    line = refused.output.strip()
+    assert len(line.splitlines()) == 1 and "(unknown)" in line
+    assert "fields present: n, url" in line and "--doc-key url" in line
+    assert env.requests == []
+    accepted = run_cli("generate", "--chroma", str(store), "--out", "run", "--doc-key", "url")
+    assert accepted.exit_code == 0, accepted.output
+    documents = {row["document"] for row in read_csv(tmp_path / "run" / "qa_dataset.csv")}
+    assert documents == {"https://kb.example/0", "https://kb.example/1"}

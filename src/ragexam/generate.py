@@ -20,7 +20,7 @@ from ragexam.llm import LLM, Reply
 from ragexam.prompts import Prompt, load_prompt
 from ragexam.runner import Progress, RunSettings, Stage, StageResult, Task, execute
 from ragexam.sampling import Sampling, assign_splits, check_resume, choose
-from ragexam.store import StoreRef, iter_chunks, open_collection, release
+from ragexam.store import StoreRef, check_doc_key, iter_chunks, open_collection, release
 
 QA_FILE = "qa_dataset.csv"
 QA_COLUMNS = (
@@ -75,6 +75,7 @@ def run_generate(
     settings.api_key()
     collection = open_collection(options.store)
     check_resume(options.out, options.out / QA_FILE, options.sampling)
+    check_doc_key(collection, options.doc_key)
     plan = GeneratePlan(settings, options, collection)
     stage = Stage(
         "generate", options.out / QA_FILE, "qa_id", QA_COLUMNS, plan.llm.model, plan.prompt.hash

@@ -218,8 +218,6 @@ def iter_chunks(
     while True:
         page = collection.get(limit=page_size, offset=offset, include=include)
         ids = page["ids"]
-        if offset == 0 and doc_key:
-            _check_doc_key(page["metadatas"] or [], doc_key)
         texts_of_page = page["documents"] or [""] * len(ids)
         for index, chunk_id in enumerate(ids):
             metadata = (page["metadatas"] or [])[index] or {}
@@ -230,12 +228,25 @@ def iter_chunks(
         offset += page_size
 
 
-def _check_doc_key(metadatas: list[Any], doc_key: str) -> None:
-    if metadatas and not any(doc_key in (meta or {}) for meta in metadatas):
-        present = sorted({key for meta in metadatas for key in (meta or {})})
+def check_doc_key(collection: Any, doc_key: str | None) -> None:
+    """Stop before any call when the first page's chunks lack the key that names documents."""
+    page = collection.get(limit=PAGE_SIZE, include=["metadatas"])
+    metadatas = page["metadatas"] or []
+    keys = (doc_key,) if doc_key else DEFAULT_DOC_KEYS
+    if any(key in (meta or {}) for meta in metadatas for key in keys):
+        return
+    present = sorted({key for meta in metadatas for key in (meta or {})})
+    if doc_key:
         raise StoreError(
             f"no chunk has the metadata field {doc_key!r} given by --doc-key; "
             f"fields present: {', '.join(present) or 'none'}"
+        )
+    if present:  # without any field, every chunk is one unknown document, and nothing else fits
+        texts = [key for key in present if any(isinstance(m.get(key), str) for m in metadatas if m)]
+        raise StoreError(
+            f"no chunk has a metadata field that names its document ({', '.join(keys)}), so "
+            f"every chunk would be {UNKNOWN_DOCUMENT}; fields present: {', '.join(present)}: "
+            f"pass --doc-key FIELD, e.g. --doc-key {(texts or present)[0]}"
         )
 
 
