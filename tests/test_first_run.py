@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -192,3 +194,26 @@ def test_chunks_without_a_document_key_stop_before_any_call(
     assert accepted.exit_code == 0, accepted.output
     documents = {row["document"] for row in read_csv(tmp_path / "run" / "qa_dataset.csv")}
     assert documents == {"https://kb.example/0", "https://kb.example/1"}
+
+
+def test_answers_record_the_texts_the_answerer_saw(env: FakeOpenAI, tmp_path: Path) -> None:
+    texts = {f"c{i}": f"Chunk {i} says: " + f"fact {i} " * 40 for i in range(6)}
+    chunks = [Document(text, metadata={"source": "a.md"}, id=cid) for cid, text in texts.items()]
+    store = build_store(tmp_path / "store", chunks)
+    env.embedding_dim = 16
+    assert run_cli("generate", "--chroma", str(store), "--out", "run").exit_code == 0
+    args = ["answer", "--chroma", str(store), "--embedding", "openai:e", "--k", "3"]
+    result = run_cli(*args, "--out", "run", "--max-chunk-chars", "120")
+    assert result.exit_code == 0, result.output
+    questions = {row["qa_id"]: row for row in read_csv(tmp_path / "run" / "qa_dataset.csv")}
+    for row in read_csv(tmp_path / "run" / "answers.csv"):
+        ids = json.loads(row["retrieved_ids"])
+        assert len(ids) == 3
+        assert json.loads(row["retrieved_texts"]) == [texts[cid][:120] for cid in ids]
+        assert row["source_text"] == texts[questions[row["qa_id"]]["chunk_id"]][:120]
+    (tmp_path / "bare").mkdir()
+    shutil.copy(tmp_path / "run" / "qa_dataset.csv", tmp_path / "bare")
+    bare = run_cli(*args, "--out", "bare", "--no-texts")
+    assert bare.exit_code == 0, bare.output
+    header = (tmp_path / "bare" / "answers.csv").read_text(encoding="utf-8").splitlines()[0]
+    assert "retrieved_ids" in header and "retrieved_texts" not in header

@@ -27,6 +27,7 @@ from ragexam.store import StoreRef, get_chunks, open_collection, release
 
 ANSWERS_FILE = "answers.csv"
 ANSWER_COLUMNS = ("answer", "retrieved_ids", "target_rank", "k", "rag", "context", "embedding")
+TEXT_COLUMNS = ("retrieved_texts", "source_text")  # what the answerer saw; off with --no-texts
 QA_REQUIRED = ("qa_id", "chunk_id", "question")
 BATCH = 64  # questions per embedding call and per Chroma query
 PREFETCH = 2  # batches retrieved ahead of the workers
@@ -62,6 +63,7 @@ class AnswerOptions:
     trust_store_endpoint: bool = False
     rag_timeout: float | None = None  # seconds per call of a --rag callable [RAGEXAM_TIMEOUT]
     max_chunk_chars: int = 8000  # each retrieved chunk is cut to this in the prompt
+    texts: bool = True  # record retrieved_texts and source_text in answers.csv
 
 
 def read_questions(path: Path) -> tuple[list[Question], int]:
@@ -91,11 +93,12 @@ def run_answer(
     collection = _collection(options)
     system = _system(settings, options, collection, rag)
     system.questions = list(islice(questions, options.limit))
+    system.text_chars = options.max_chunk_chars if options.texts else None
     stage = Stage(
         "answer",
         options.out / ANSWERS_FILE,
         "qa_id",
-        ANSWER_COLUMNS,
+        ANSWER_COLUMNS + TEXT_COLUMNS if options.texts else ANSWER_COLUMNS,
         system.model,
         system.prompt_hash,
         system.fixed(),
@@ -139,6 +142,7 @@ class RagSystem(ABC):
         self.store, self.collection, self.k = store, collection, k
         self.questions: list[Question] = []
         self.pending: list[Question] = []
+        self.text_chars: int | None = None  # record chunk texts, cut at this length
 
     def inputs(self) -> Mapping[str, str]:
         """The input hash of every question this run wants."""
@@ -222,6 +226,18 @@ class RagSystem(ABC):
         """Release ragexam's client of the store."""
         release(self.store)
 
+    def row(
+        self, answer: str, hits: Sequence[Hit], rank: int | None, source: str | None
+    ) -> dict[str, Any]:
+        """The value columns of one answered question, with the texts it saw when asked."""
+        row = answer_row(answer, hits, rank)
+        limit = self.text_chars
+        if limit is not None:
+            texts = [None if hit.text is None else hit.text[:limit] for hit in hits]
+            row["retrieved_texts"] = json.dumps(texts, ensure_ascii=False)
+            row["source_text"] = None if source is None else source[:limit]
+        return row
+
 
 def answer_row(answer: str, hits: Sequence[Hit], rank: int | None) -> dict[str, Any]:
     """The value columns of one answered question."""
@@ -287,7 +303,7 @@ class BuiltinRag(RagSystem):
         )
         reply = await self.llm.text(self.prompt.template.format_messages(**values))
         rank = rank_of(question.chunk_id, source_text, hits)
-        return {**answer_row(reply.value, hits, rank), **reply.cost()}
+        return {**self.row(reply.value, hits, rank, source_text), **reply.cost()}
 
     def manifest(
         self, settings: Settings, options: AnswerOptions, collection: Any
@@ -324,8 +340,8 @@ class CustomRag(RagSystem):
         answer, hits = await call_rag(self.rag, question.text, self.timeout)
         latency = round(time.monotonic() - started, 3)
         missing = [hit.id for hit in hits if hit.text is None and hit.id is not None]
-        if missing and source_text is not None:  # ids only: fetch texts to match duplicates
-            texts = await self.source_texts(missing)
+        if missing and (source_text is not None or self.text_chars is not None):
+            texts = await self.source_texts(missing)  # ids only: texts match duplicates
             hits = [Hit(hit.id, texts.get(hit.id or "", hit.text)) for hit in hits]
-        row = answer_row(answer, hits, rank_of(question.chunk_id, source_text, hits))
-        return {**row, "latency_s": latency}
+        rank = rank_of(question.chunk_id, source_text, hits)
+        return {**self.row(answer, hits, rank, source_text), "latency_s": latency}

@@ -105,6 +105,9 @@ RagTimeoutOpt = Annotated[
 TrustOpt = Annotated[
     bool, _opt("--trust-store-endpoint", "Let the store's embedding function send its key.")
 ]
+TextsOpt = Annotated[
+    bool, _opt("--texts/--no-texts", "Record retrieved_texts and source_text in answers.csv.")
+]
 
 
 def handled(command: F) -> F:
@@ -236,6 +239,7 @@ def answer(
     context: ContextOpt = AnswerContext.retrieved,
     trust_store_endpoint: TrustOpt = False,
     rag_timeout: RagTimeoutOpt = None,
+    texts: TextsOpt = True,
     max_chunk_chars: MaxCharsOpt = 8000,
 ) -> None:
     """Have the RAG system answer every question, with the source chunk's rank: answers.csv."""
@@ -264,6 +268,7 @@ def answer(
         trust_store_endpoint=trust_store_endpoint,
         rag_timeout=rag_timeout,
         max_chunk_chars=max_chunk_chars,
+        texts=texts,
     )
     with progress_bar("answer") as bar:
         result = run_answer(settings, options, bar)
@@ -447,6 +452,7 @@ def run(
     scale: ScaleOpt = Scale.unit,
     context: ContextOpt = AnswerContext.retrieved,
     exclude_flagged: ExcludeFlaggedOpt = False,
+    texts: TextsOpt = True,
 ) -> None:
     """Run every stage in order: generate, answer, judge, stats; --limit applies to each."""
     if controls and rag:
@@ -482,6 +488,8 @@ def run(
         embedding=embedding,
         rag=rag,
         limit=limit,
+        texts=texts,
+        max_chunk_chars=max_chunk_chars,
         concurrency=concurrency,
         model=model,
         max_error_rate=max_error_rate,
