@@ -20,7 +20,7 @@ from ragexam.fingerprint import input_hash
 from ragexam.generate import QA_FILE
 from ragexam.llm import LLM, describe
 from ragexam.prompts import Prompt, context_block, load_prompt
-from ragexam.rag import call_rag, load_rag
+from ragexam.rag import call_rag, rag_name, rag_object
 from ragexam.retrieval import Hit, Retriever, make_embedder, rank_of
 from ragexam.runner import Progress, RunSettings, Stage, StageResult, Task, execute
 from ragexam.store import StoreRef, get_chunks, open_collection, release
@@ -57,7 +57,7 @@ class AnswerOptions:
     qa_path: Path | None = None
     k: int = 5
     limit: int | None = None
-    rag: str | None = None
+    rag: Any = None  # "module:callable", or (from the Python API) the callable itself
     force: bool = False
     context: AnswerContext = AnswerContext.retrieved
     trust_store_endpoint: bool = False
@@ -89,7 +89,7 @@ def run_answer(
             "cannot be handed a context; drop --rag, or use --context retrieved"
         )
     questions, skipped = read_questions(options.qa_path or options.out / QA_FILE)
-    rag = load_rag(options.rag) if options.rag else None  # first: it may open the store too
+    rag = rag_object(options.rag)  # first: it may open the store too
     collection = _collection(options)
     system = _system(settings, options, collection, rag)
     system.questions = list(islice(questions, options.limit))
@@ -120,7 +120,7 @@ def _collection(options: AnswerOptions) -> Any:
 def _system(settings: Settings, options: AnswerOptions, collection: Any, rag: Any) -> RagSystem:
     if options.rag is not None:
         timeout = options.rag_timeout or settings.timeout
-        return CustomRag(rag, options.rag, options.store, collection, options.k, timeout)
+        return CustomRag(rag, rag_name(options.rag), options.store, collection, options.k, timeout)
     settings.api_key()
     if options.context != AnswerContext.retrieved:
         from ragexam.contexts import GivenContext

@@ -60,6 +60,23 @@ def load_rag(spec: str) -> Any:
     return target
 
 
+def rag_object(rag: Any) -> Any:
+    """The RAG system: `module:callable` loaded, or the callable or Runnable given itself."""
+    if rag is None or not isinstance(rag, str):
+        if rag is not None and not (callable(rag) or hasattr(rag, "ainvoke")):
+            raise ConfigError(f"rag is {type(rag).__name__}: not a callable or a Runnable")
+        return rag
+    return load_rag(rag)
+
+
+def rag_name(rag: Any) -> str:
+    """How the answers name the RAG system: its spec, or the object's qualified name."""
+    if isinstance(rag, str):
+        return rag
+    name = getattr(rag, "__qualname__", None) or getattr(rag, "name", None)
+    return f"{getattr(rag, '__module__', '') or 'object'}:{name or type(rag).__name__}"
+
+
 async def call_rag(rag: Any, question: str, seconds: float) -> tuple[str, list[Hit]]:
     """Ask the user's RAG one question; what it raises, or not answering in time, is an error.
 

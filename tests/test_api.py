@@ -1,0 +1,74 @@
+"""The Python API: `import ragexam`, each command a function, inside a running loop too."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from conftest import build_store
+from langchain_core.documents import Document
+from langchain_core.runnables import RunnableLambda
+from openai_server import FakeOpenAI
+from test_generate import docs
+
+import ragexam
+
+
+def my_rag(question: str) -> tuple[str, list[str]]:
+    """A RAG system that always retrieves chunk-0001 then chunk-0000."""
+    return f"answer to {question}", ["chunk-0001", "chunk-0000"]
+
+
+def test_every_command_as_a_function(env: FakeOpenAI, tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", docs(8))
+    exam = ragexam.generate(store, limit=6)
+    assert exam.path == Path("outputs/qa_dataset.csv") and exam.figures["rows_ok"] == 6
+    questions = exam.frame()
+    assert len(questions) == 6 and set(questions["status"]) == {"ok"}
+    answers = ragexam.answer(store, rag=my_rag)
+    frame = answers.frame()
+    assert answers.figures["rows_ok"] == 6 and set(frame["rag"]) == {"test_api:my_rag"}
+    expected = {"chunk-0000": 2.0, "chunk-0001": 1.0}  # the rank my_rag gives each source
+    ranks = dict(zip(questions["qa_id"], questions["chunk_id"].map(expected), strict=True))
+    for qa_id, rank in zip(frame["qa_id"], frame["target_rank"], strict=True):
+        assert rank == ranks[qa_id] or (pd_isna(rank) and pd_isna(ranks[qa_id]))
+    graded = ragexam.judge(samples=2, scale="ten")
+    assert set(graded.frame()["samples"]) == {2} and set(graded.frame()["scale"]) == {"ten"}
+    report = ragexam.stats()
+    assert report.paths["report"].is_file() and report.figures["questions"] == 6
+    hits = sum(rank in (1.0, 2.0) for rank in ranks.values())
+    assert report.figures["hit_rate"] == pytest.approx(hits / 6)
+    assert len(report.frame("summary")) == 1
+    again = ragexam.answer(store, rag=my_rag, out="second", qa_dataset="outputs/qa_dataset.csv")
+    assert again.figures["rows_ok"] == 6
+    ragexam.judge(out="second")
+    compared = ragexam.compare("outputs", "second")
+    assert compared.path == Path("second/comparison.csv") and not compared.frame().empty
+
+
+def pd_isna(value: object) -> bool:
+    """True for a missing rank (NaN)."""
+    return value != value
+
+
+def test_run_inside_a_running_event_loop_with_a_runnable(env: FakeOpenAI, tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", docs(5))
+    chain = RunnableLambda(
+        lambda question: {"answer": "yes", "context": [Document("x", id="chunk-0002")]}
+    )
+
+    async def notebook_cell() -> ragexam.Result:
+        return ragexam.run(store, limit=3, rag=chain, samples=2, seed=7)
+
+    result = asyncio.run(notebook_cell())
+    assert set(result.paths) >= {"qa_dataset", "answers", "judgments", "summary", "report"}
+    assert result.figures["answer"]["rows_ok"] == 3
+    assert len(result.frame("judgments")) == 3
+    assert set(result.frame("judgments")["samples"]) == {2}
+    assert list(result.frame("answers")["answer"]) == ["yes"] * 3
+
+
+def test_run_refuses_an_option_no_stage_takes(env: FakeOpenAI, tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="sampels"):
+        ragexam.run(tmp_path, sampels=2)
