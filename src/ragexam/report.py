@@ -12,6 +12,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from ragexam import drilldown
 from ragexam.charts import bars, diagnosis_colour, histogram, scatter
 from ragexam.controlcharts import sections as measured_sections
 from ragexam.csvfile import atomic_file
@@ -115,14 +116,23 @@ table{border-collapse:collapse;width:100%;font-size:13.5px}
 th{text-align:left;color:#57606a;font-weight:600;border-bottom:2px solid #d0d7de;padding:6px 8px}
 td{border-bottom:1px solid #eaeef2;padding:6px 8px;vertical-align:top}
 td.n{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
-tr:nth-child(even) td{background:#fafbfc}.doc{min-width:12em;overflow-wrap:anywhere}
-.text{max-width:300px;max-height:9em;overflow:auto;white-space:pre-wrap;overflow-wrap:anywhere}
+tr:nth-child(even) td{background:#fafbfc}.doc{min-width:12em;overflow-wrap:break-word}
+.text{max-width:300px;max-height:9em;overflow:auto;white-space:pre-wrap;overflow-wrap:break-word}
 .chip{display:inline-block;border-radius:999px;padding:1px 9px;color:#fff;font-size:12.5px;
  white-space:nowrap}
 svg{display:block;max-width:100%;height:auto}svg text{font-size:12px;fill:#1f2328}
 dl{display:grid;grid-template-columns:max-content 1fr;gap:6px 14px;margin:0 0 14px}dd{margin:0}
 .card dl{gap:1px 10px;margin:0;font-size:13.5px}.card dt{text-align:right;font-weight:600}
 .card dd{color:#57606a}
+"""
+# Phones: cards in two columns, charts stacked at their own size (text stays 12 px) and
+# scrolled inside their card, tables scrolled inside their section: the page never overflows.
+PHONE = """
+@media (max-width:720px){main{padding:16px 10px 40px}h1{font-size:22px}
+section{padding:14px 12px}.pair>div{padding:14px 12px;min-width:0;overflow-x:auto}
+.cards{grid-template-columns:1fr 1fr}.cards>.card:last-child{grid-column:1/-1}
+.pair{grid-template-columns:minmax(0,1fr)}svg{max-width:none}
+.doc{min-width:9em}.text{min-width:14em}}
 """
 # No fetch and no script may run: the page is static, and a hostile text that escaping somehow
 # missed still could not act.
@@ -152,18 +162,32 @@ def write_report(result: StatsResult, path: Path) -> Path:
             "Lowest completeness first, then conciseness, then the worst rank.",
             _worst(result.worst, result.k),
         ),
+        _every_question(result),
         _section("How to read this report", "", _legend(result)),
     ]
     page = (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<meta http-equiv="Content-Security-Policy" content="{POLICY}">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
-        f"<title>ragexam report</title><style>{STYLE}</style></head>\n"
+        f"<title>ragexam report</title><style>{STYLE}{PHONE}</style></head>\n"
         "<body><main>\n" + "\n".join(sections) + "\n</main></body></html>\n"
     )
     with atomic_file(path) as handle:
         handle.write(page)
     return path
+
+
+def _every_question(result: StatsResult) -> str:
+    """The drill-down (drilldown.py): every question, by document, filterable."""
+    if result.out is None or result.questions.empty:
+        return ""
+    questions = drilldown.extra_columns(result.out, result.questions)
+    return _section(
+        f"Every question ({len(questions):,})",
+        "By document, worst first; open a document to see each question with its answer, the "
+        "judge's reasoning, the retrieved chunks (the source chunk marked) and the source text.",
+        drilldown.section(questions, result.by_document, result.k),
+    )
 
 
 def _section(title: str, note: str, content: str) -> str:

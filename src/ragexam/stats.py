@@ -77,6 +77,8 @@ class StatsResult:
     controls: Verdict | None = None  # the judge's known-answer controls, when it graded some
     calibration: pd.DataFrame | None = None  # calibration.csv, when a person labelled answers
     stale: int = 0  # grades made from a question or answer that has changed: counted pending
+    questions: pd.DataFrame = field(default_factory=pd.DataFrame)  # every one, for the drill-down
+    out: Path | None = None
 
 
 def run_stats(options: StatsOptions) -> StatsResult:
@@ -105,6 +107,7 @@ def _summarise_run(options: StatsOptions) -> StatsResult:
     result = StatsResult(by_document, overall, k, paths, worst, context, options.seed)
     calibration = read_calibration(out)
     result = replace(result, controls=verdict, calibration=calibration, stale=int(stale.sum()))
+    result = replace(result, questions=questions, out=out)
     _write_csv(by_document, paths["summary_by_document"])
     _write_csv(overall, paths["summary"])
     write_report(result, paths["report"])
