@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ragexam.config import AnswerContext, Scale, StructuredMethod, load_settings
+from ragexam.config import AnswerContext, Scale, Settings, StructuredMethod, load_settings
 from ragexam.store import StoreRef
 
 if TYPE_CHECKING:
@@ -73,10 +73,13 @@ def _in_own_loop(call: Callable[[], T]) -> T:
         return pool.submit(call).result()
 
 
-def _store(chroma: PathLike | None, chroma_url: str | None, collection: str | None) -> StoreRef:
+def _store(
+    chroma: PathLike | None, chroma_url: str | None, collection: str | None, settings: Settings
+) -> StoreRef:
     from ragexam.cli import store_ref
 
-    return store_ref(Path(chroma) if chroma is not None else None, chroma_url, collection)
+    path = Path(chroma) if chroma is not None else None
+    return store_ref(path, chroma_url, collection, settings.store_timeout, settings)
 
 
 def _stage(result: StageResult, name: str, limit: float) -> Result:
@@ -101,6 +104,8 @@ def generate(
     structured_output: StructuredMethod | str | None = None,
     force: bool = False,
     max_chunk_chars: int = 8000,
+    chroma_tenant: str | None = None,
+    chroma_database: str | None = None,
 ) -> Result:
     """Write qa_dataset.csv: one question and ground-truth answer per chunk."""
     from ragexam.generate import GenerateOptions, run_generate
@@ -110,8 +115,10 @@ def generate(
         concurrency=concurrency,
         max_error_rate=max_error_rate,
         structured_output=structured_output,
+        chroma_tenant=chroma_tenant,
+        chroma_database=chroma_database,
     )
-    store = _store(chroma, chroma_url, collection)
+    store = _store(chroma, chroma_url, collection, settings)
     options = GenerateOptions(store, Path(out), limit, doc_key, max_chunk_chars, force)
     result = _in_own_loop(lambda: run_generate(settings, options))
     return _stage(result, "qa_dataset", settings.max_error_rate)
@@ -137,6 +144,8 @@ def answer(
     rag_timeout: float | None = None,
     texts: bool = True,
     max_chunk_chars: int = 8000,
+    chroma_tenant: str | None = None,
+    chroma_database: str | None = None,
 ) -> Result:
     """Write answers.csv; `rag` is "module:callable", or a callable or Runnable object."""
     from ragexam.answer import AnswerOptions, run_answer
@@ -146,10 +155,12 @@ def answer(
         concurrency=concurrency,
         embedding=embedding,
         max_error_rate=max_error_rate,
+        chroma_tenant=chroma_tenant,
+        chroma_database=chroma_database,
     )
     has_store = chroma is not None or chroma_url is not None
     needs_store = rag is None and AnswerContext(context) != AnswerContext.none
-    store = _store(chroma, chroma_url, collection) if has_store or needs_store else None
+    store = _store(chroma, chroma_url, collection, settings) if has_store or needs_store else None
     qa = Path(qa_dataset) if qa_dataset is not None else None
     options = AnswerOptions(
         store,

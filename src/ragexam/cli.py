@@ -45,6 +45,13 @@ def _opt(name: str, text: str, **extra: Any) -> Any:
 OutOpt = Annotated[Path, _opt("--out", "Run folder for every file.")]
 ChromaOpt = Annotated[Path | None, _opt("--chroma", "Chroma persist directory.")]
 UrlOpt = Annotated[str | None, _opt("--chroma-url", "Chroma server URL instead.")]
+TenantOpt = Annotated[
+    str | None, _opt("--chroma-tenant", "The server's tenant [CHROMA_TENANT, else its default].")
+]
+DatabaseOpt = Annotated[
+    str | None,
+    _opt("--chroma-database", "The server's database [CHROMA_DATABASE, else its default]."),
+]
 CollectionOpt = Annotated[str | None, _opt("--collection", "May be left out if only one.")]
 LimitOpt = Annotated[int | None, _opt("--limit", "Only the first N rows.", min=1)]
 ConcurrencyOpt = Annotated[int | None, _opt("--concurrency", "Calls in flight [16].", min=1)]
@@ -141,12 +148,21 @@ def handled(command: F) -> F:
 
 
 def store_ref(
-    chroma: Path | None, chroma_url: str | None, collection: str | None, timeout: float = 60.0
+    chroma: Path | None,
+    chroma_url: str | None,
+    collection: str | None,
+    timeout: float = 60.0,
+    settings: Settings | None = None,
 ) -> StoreRef:
     """The store the options point at; exactly one of --chroma and --chroma-url."""
     if (chroma is None) == (chroma_url is None):
         raise ConfigError("give exactly one of --chroma PATH and --chroma-url URL")
-    return StoreRef(chroma, chroma_url, collection, notify=_notes.append, timeout=timeout)
+    server: dict[str, Any] = {}
+    if settings is not None and chroma_url is not None:  # where on the server, and its token
+        key = settings.chroma_api_key.get_secret_value() if settings.chroma_api_key else None
+        server = {"tenant": settings.chroma_tenant, "database": settings.chroma_database}
+        server["token"] = key or None
+    return StoreRef(chroma, chroma_url, collection, notify=_notes.append, timeout=timeout, **server)
 
 
 _notes: list[str] = []  # what the core asked to be told, said after the stage's bar
@@ -198,6 +214,8 @@ def generate(
     seed: SampleSeedOpt = 0,
     split: SplitOpt = None,
     check: CheckOpt = False,
+    chroma_tenant: TenantOpt = None,
+    chroma_database: DatabaseOpt = None,
 ) -> None:
     """Write one question and ground-truth answer per chunk: qa_dataset.csv."""
     from ragexam.generate import GenerateOptions, run_generate
@@ -209,8 +227,10 @@ def generate(
         concurrency=concurrency,
         max_error_rate=max_error_rate,
         structured_output=structured_output,
+        chroma_tenant=chroma_tenant,
+        chroma_database=chroma_database,
     )
-    store = store_ref(chroma, chroma_url, collection, settings.store_timeout)
+    store = store_ref(chroma, chroma_url, collection, settings.store_timeout, settings)
     sampling = Sampling(sample, per_document, seed, split)
     options = GenerateOptions(store, out, limit, doc_key, max_chunk_chars, force, sampling, check)
     with progress_bar("generate") as bar:
@@ -241,6 +261,8 @@ def answer(
     rag_timeout: RagTimeoutOpt = None,
     texts: TextsOpt = True,
     max_chunk_chars: MaxCharsOpt = 8000,
+    chroma_tenant: TenantOpt = None,
+    chroma_database: DatabaseOpt = None,
 ) -> None:
     """Have the RAG system answer every question, with the source chunk's rank: answers.csv."""
     from ragexam.answer import AnswerOptions, run_answer
@@ -251,11 +273,14 @@ def answer(
         concurrency=concurrency,
         embedding=embedding,
         max_error_rate=max_error_rate,
+        chroma_tenant=chroma_tenant,
+        chroma_database=chroma_database,
     )
     has_store = chroma is not None or chroma_url is not None
     needs_store = not rag and context != AnswerContext.none
+    wanted = has_store or needs_store
     timeout = settings.store_timeout
-    store = store_ref(chroma, chroma_url, collection, timeout) if has_store or needs_store else None
+    store = store_ref(chroma, chroma_url, collection, timeout, settings) if wanted else None
     options = AnswerOptions(
         store,
         out,
@@ -453,6 +478,8 @@ def run(
     context: ContextOpt = AnswerContext.retrieved,
     exclude_flagged: ExcludeFlaggedOpt = False,
     texts: TextsOpt = True,
+    chroma_tenant: TenantOpt = None,
+    chroma_database: DatabaseOpt = None,
 ) -> None:
     """Run every stage in order: generate, answer, judge, stats; --limit applies to each."""
     if controls and rag:
@@ -478,6 +505,8 @@ def run(
         split=split,
         check=check,
         max_chunk_chars=max_chunk_chars,
+        chroma_tenant=chroma_tenant,
+        chroma_database=chroma_database,
     )
     answer(
         chroma=chroma,
@@ -490,6 +519,8 @@ def run(
         limit=limit,
         texts=texts,
         max_chunk_chars=max_chunk_chars,
+        chroma_tenant=chroma_tenant,
+        chroma_database=chroma_database,
         concurrency=concurrency,
         model=model,
         max_error_rate=max_error_rate,

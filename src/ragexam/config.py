@@ -100,6 +100,9 @@ class Settings(BaseSettings):
     max_error_rate: float = Field(
         0.05, ge=0, le=1, validation_alias=AliasChoices("max_error_rate", "RAGEXAM_MAX_ERROR_RATE")
     )
+    chroma_api_key: SecretStr | None = _env("chroma_api_key", "CHROMA_API_KEY")
+    chroma_tenant: str | None = _env("chroma_tenant", "CHROMA_TENANT")
+    chroma_database: str | None = _env("chroma_database", "CHROMA_DATABASE")
 
     max_tokens: int | None = Field(
         None, ge=1, validation_alias=AliasChoices("max_tokens", "RAGEXAM_MAX_TOKENS")
@@ -139,15 +142,17 @@ class Settings(BaseSettings):
 
     def redact(self, text: str) -> str:
         """Remove the API key and any URL credentials from text bound for a file or screen."""
-        key = self.openai_api_key.get_secret_value() if self.openai_api_key else ""
-        if len(key) >= 4:
-            text = text.replace(key, "***")
+        for secret in (self.openai_api_key, self.chroma_api_key):
+            key = secret.get_secret_value() if secret else ""
+            if len(key) >= 4:
+                text = text.replace(key, "***")
         return mask_url(text)
 
     def public(self) -> dict[str, Any]:
         """The settings as plain values, without secrets, for the run manifest."""
-        data = self.model_dump(mode="json", exclude={"openai_api_key"})
+        data = self.model_dump(mode="json", exclude={"openai_api_key", "chroma_api_key"})
         data["openai_api_key"] = "set" if self.openai_api_key else "unset"
+        data["chroma_api_key"] = "set" if self.chroma_api_key else "unset"
         for name in ("openai_base_url", "embedding_base_url"):
             if data[name]:
                 data[name] = self.redact(data[name])

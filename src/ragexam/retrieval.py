@@ -156,7 +156,11 @@ def make_embedder(spec: str, collection: Any, settings: Settings, trust: bool = 
 
 def collection_dimension(collection: Any) -> int | None:
     """The dimension of the collection's stored vectors."""
-    sample = collection.get(limit=1, include=["embeddings"])
+    try:
+        sample = collection.get(limit=1, include=["embeddings"])
+    except Exception:  # Chroma's Python server 1.5 fails to return vectors (a 500)
+        known = getattr(getattr(collection, "_model", None), "dimension", None)
+        return known if isinstance(known, int) else None
     embeddings = sample.get("embeddings")
     return len(embeddings[0]) if embeddings is not None and len(embeddings) else None
 

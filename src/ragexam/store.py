@@ -38,6 +38,9 @@ class StoreRef:
     # Told, in one line, when a persisted store is copied to be read (the CLI prints it).
     notify: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
     timeout: float = 60.0  # seconds any one store call may take (RAGEXAM_STORE_TIMEOUT)
+    tenant: str | None = None  # a Chroma server's tenant and database; its defaults when None
+    database: str | None = None
+    token: str | None = field(default=None, repr=False)  # CHROMA_API_KEY; never shown
 
     def describe(self) -> str:
         """A short human name for the store, for messages and the manifest."""
@@ -53,31 +56,50 @@ def _client_settings() -> Any:
 
 def open_client(ref: StoreRef) -> Any:
     """A Chroma client for the store, refusing to create one that does not exist."""
-    import chromadb
-
     if ref.url is not None:
         try:
             parts = parse_http_url(ref.url, "--chroma-url")
         except ValueError as exc:
             raise StoreError(str(exc)) from None
         port = parts.port or (443 if parts.scheme == "https" else 8000)
-        connect = partial(
-            chromadb.HttpClient,
-            host=parts.hostname or "",
-            port=port,
-            ssl=parts.scheme == "https",
-            settings=_client_settings(),
-        )
+        connect = partial(_connect, ref, parts.hostname or "", port, parts.scheme == "https")
         try:
             return TimedStore(call_with_deadline(connect, ref.timeout), ref)
         except DeadlineExceeded:
             raise _stalled(ref, "to a connection") from None
         except Exception as exc:
-            reason = mask_url(" ".join(str(exc).split()))[:300]
-            raise StoreError(
-                f"cannot reach the Chroma server at {ref.describe()}: {reason}"
-            ) from None
+            raise _refused(ref, exc) from None
     return TimedStore(_open_persistent(ref.path or Path(), ref.notify), ref)
+
+
+def _connect(ref: StoreRef, host: str, port: int, ssl: bool) -> Any:
+    """An HTTP client; a token goes in both headers Chroma servers read (self-hosted, Cloud)."""
+    import chromadb
+    from chromadb.config import DEFAULT_DATABASE, DEFAULT_TENANT
+
+    token = ref.token or ""
+    return chromadb.HttpClient(
+        host=host,
+        port=port,
+        ssl=ssl,
+        headers={"Authorization": f"Bearer {token}", "X-Chroma-Token": token} if token else None,
+        tenant=ref.tenant or DEFAULT_TENANT,
+        database=ref.database or DEFAULT_DATABASE,
+        settings=_client_settings(),
+    )
+
+
+def _refused(ref: StoreRef, exc: Exception) -> StoreError:
+    """One line for a server that cannot be reached or refuses the request, its token masked."""
+    reason = mask_url(" ".join(str(exc).split()))[:300]
+    if ref.token:
+        reason = reason.replace(ref.token, "***")
+    if any(word in reason.lower() for word in ("forbidden", "unauthorized", "authenticat")):
+        return StoreError(
+            f"the Chroma server at {ref.describe()} refused the request ({reason}): "
+            + ("check CHROMA_API_KEY" if ref.token else "it needs a token: set CHROMA_API_KEY")
+        )
+    return StoreError(f"cannot reach the Chroma server at {ref.describe()}: {reason}")
 
 
 class TimedStore:
