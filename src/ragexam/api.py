@@ -106,9 +106,15 @@ def generate(
     max_chunk_chars: int = 8000,
     chroma_tenant: str | None = None,
     chroma_database: str | None = None,
+    sample: int | None = None,
+    per_document: int | None = None,
+    seed: int = 0,
+    split: float | None = None,
+    check: bool = False,
 ) -> Result:
     """Write qa_dataset.csv: one question and ground-truth answer per chunk."""
     from ragexam.generate import GenerateOptions, run_generate
+    from ragexam.sampling import Sampling
 
     settings = load_settings(
         generate_model=model,
@@ -119,7 +125,10 @@ def generate(
         chroma_database=chroma_database,
     )
     store = _store(chroma, chroma_url, collection, settings)
-    options = GenerateOptions(store, Path(out), limit, doc_key, max_chunk_chars, force)
+    sampling = Sampling(sample, per_document, seed, split)
+    options = GenerateOptions(
+        store, Path(out), limit, doc_key, max_chunk_chars, force, sampling, check
+    )
     result = _in_own_loop(lambda: run_generate(settings, options))
     return _stage(result, "qa_dataset", settings.max_error_rate)
 
@@ -218,11 +227,18 @@ def judge(
     return _stage(result, "judgments", settings.max_error_rate)
 
 
-def stats(*, out: PathLike = "outputs", k: int | None = None, seed: int = 0) -> Result:
+def stats(
+    *,
+    out: PathLike = "outputs",
+    k: int | None = None,
+    seed: int = 0,
+    split: str | None = None,
+    exclude_flagged: bool = False,
+) -> Result:
     """Write the summaries and report.html; figures are the overall row (`document` ALL)."""
     from ragexam.stats import StatsOptions, run_stats
 
-    result = run_stats(StatsOptions(Path(out), k, seed))
+    result = run_stats(StatsOptions(Path(out), k, seed, split, exclude_flagged))
     figures = {str(name): value for name, value in result.overall.iloc[0].items()}
     return Result(dict(result.paths), {**figures, "k": result.k})
 
@@ -255,6 +271,7 @@ def run(
     common |= {"model": model, "max_error_rate": max_error_rate, "force": force}
     store: dict[str, Any] = {"chroma": chroma, "chroma_url": chroma_url, "collection": collection}
     own = {name: _only(options, name) for name in ("generate", "answer", "judge", "stats")}
+    own["stats"].pop("split", None)  # as on the command line, run's split is generate's fraction
     unknown = set(options) - set().union(*own.values())
     if unknown:
         raise TypeError(f"run() got unexpected options: {', '.join(sorted(unknown))}")

@@ -375,6 +375,7 @@ def stats(
     from ragexam.stats import StatsOptions, run_stats
 
     result = run_stats(StatsOptions(out, k, seed, split, exclude_flagged))
+    Starting.clear()  # the table goes to stdout: no transient line may be drawn over it
     Console().print(terminal_table(result))
     if line := control_line(result.overall):
         say(line)
@@ -402,6 +403,7 @@ def compare(
     from ragexam.compare import comparison_table, run_compare
 
     result = run_compare(run_a, run_b, out or run_b, seed)
+    Starting.clear()
     for warning in result.warnings:
         say(f"Warning: {warning}")
     Console().print(comparison_table(result))

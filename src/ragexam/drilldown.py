@@ -55,9 +55,9 @@ def extra_columns(out: Path, questions: pd.DataFrame) -> pd.DataFrame:
     answers = _columns(answers_path, wanted, ids)
     judged = _columns(out / "judgments.csv", ("reasoning", "error"), ids)
     return questions.assign(
-        chunk_id=qa["chunk_id"],
-        **{name: answers[name] for name in wanted},
-        reasoning=judged["reasoning"],
+        chunk_id=qa["chunk_id"].to_numpy(),
+        **{name: answers[name].to_numpy() for name in wanted},
+        reasoning=judged["reasoning"].to_numpy(),
     )
 
 

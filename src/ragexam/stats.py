@@ -94,7 +94,8 @@ def _summarise_run(options: StatsOptions) -> StatsResult:
     questions = load_questions(out, texts=True)
     stale = stale_grades(out / JUDGMENTS_FILE, questions)
     questions = drop_stale(questions, stale)
-    questions = select(questions, out / QA_FILE, options.split, options.exclude_flagged)
+    exam = input_file(out, QA_FILE, "qa_dataset")  # answer records where its exam came from
+    questions = select(questions, exam, options.split, options.exclude_flagged)
     k = resolve_k(out, options.k)
     k = min(k, deepest_rank(out, questions) or k)  # a k past every retrieved chunk adds nothing
     by_document, overall = summarise(questions, k, options.seed)
@@ -127,7 +128,7 @@ def deepest_rank(out: Path, questions: pd.DataFrame) -> int | None:
     """
     retrieved = 0
     with suppress(InputFileError):  # hand-made answers may have no retrieved_ids
-        ids = _read(out / ANSWERS_FILE, ("retrieved_ids",))["retrieved_ids"]
+        ids = _read(input_file(out, ANSWERS_FILE, "answers"), ("retrieved_ids",))["retrieved_ids"]
         retrieved = max((_count(cell) for cell in ids), default=0)
     if not retrieved:
         return None
