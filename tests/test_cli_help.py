@@ -24,10 +24,8 @@ def test_help_shows_defaults_in_brackets_and_force_as_a_flag(
     judge = run_cli("judge", "--help").output
     assert "structured output [json_schema]." in judge
     assert "Questions [OUT/qa_dataset.csv]." in judge
-    force = next(
-        line for line in run_cli("judge", "--help").output.splitlines() if "--force" in line
-    )
-    assert "<bool>" not in force
+    force = next(line for line in judge.splitlines() if "--force" in line)
+    assert "Redo rows" in force and "<bool>" not in judge  # no flag looks like it takes a value
 
 
 def test_version() -> None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.markup import escape
+from typer.core import TyperOption
 
 from ragexam.config import (
     AnswerContext,
@@ -36,6 +37,15 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 F = TypeVar("F", bound=Callable[..., Any])
+_type_shown = TyperOption.display_type_rich
+
+
+def _flag_type(option: TyperOption, ctx: Any) -> str | None:
+    """No type for a flag: typer shows "--force <bool>", as if it took a value."""
+    return None if option.is_flag else _type_shown(option, ctx)
+
+
+TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign, assignment]
 
 
 def _opt(name: str, text: str, **extra: Any) -> Any:
@@ -65,7 +75,7 @@ MethodOpt = Annotated[
     StructuredMethod | None,
     _opt("--structured-output", "How to ask for structured output [json_schema]."),
 ]
-ForceOpt = Annotated[bool, _opt("--force", "Redo rows of another model or prompt.", metavar="")]
+ForceOpt = Annotated[bool, _opt("--force", "Redo rows of another model or prompt.")]
 KOpt = Annotated[int, _opt("--k", "Chunks to retrieve per question.", min=1)]
 EmbeddingOpt = Annotated[
     str | None, _opt("--embedding", "collection (the store's own) or openai:MODEL [collection].")
