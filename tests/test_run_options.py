@@ -25,6 +25,8 @@ def test_run_has_every_option_of_its_stages() -> None:
     missing = stages - NOT_FOR_RUN - options_of("run")
     assert missing == set()
     assert {"--samples", "--scale", "--temperature", "--max-chunk-chars", "--seed"} <= stages
+    # One name, two meanings: run's --controls adds the control runs, so judge's is renamed.
+    assert "--judge-controls" in options_of("run")
 
 
 def test_run_limit_applies_to_every_stage(env: FakeOpenAI, tmp_path: Path) -> None:
@@ -34,7 +36,9 @@ def test_run_limit_applies_to_every_stage(env: FakeOpenAI, tmp_path: Path) -> No
     assert run_cli("generate", "--chroma", str(store), "--out", "run").exit_code == 0
     before = env.count()
     args = ["run", "--chroma", str(store), "--out", "run", "--embedding", "openai:e"]
-    result = run_cli(*args, "--limit", "4", "--samples", "2", "--scale", "ten")
+    result = run_cli(
+        *args, "--limit", "4", "--samples", "2", "--scale", "ten", "--judge-controls", "0"
+    )
     assert result.exit_code == 0, result.output
     answers = read_csv(tmp_path / "run" / "answers.csv")
     judgments = read_csv(tmp_path / "run" / "judgments.csv")

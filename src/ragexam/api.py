@@ -203,9 +203,11 @@ def judge(
     max_error_rate: float | None = None,
     structured_output: StructuredMethod | str | None = None,
     force: bool = False,
+    controls: int = 10,
+    seed: int = 0,
 ) -> Result:
-    """Write judgments.csv: completeness and conciseness of every answer."""
-    from ragexam.judge import JudgeOptions, run_judge
+    """Write judgments.csv, and judge_controls.csv unless `controls=0`."""
+    from ragexam.judge import JudgeOptions, run_controls, run_judge
 
     settings = load_settings(
         judge_model=model,
@@ -222,9 +224,16 @@ def judge(
         temperature,
         Scale(scale),
         force,
+        controls,
+        seed,
     )
     result = _in_own_loop(lambda: run_judge(settings, options))
-    return _stage(result, "judgments", settings.max_error_rate)
+    if not controls:
+        return _stage(result, "judgments", settings.max_error_rate)
+    rate = settings.max_error_rate
+    checks = _stage(_in_own_loop(lambda: run_controls(settings, options)), "controls", rate)
+    graded = _stage(result, "judgments", settings.max_error_rate)
+    return Result({**graded.paths, **checks.paths}, {**graded.figures, "controls": checks.figures})
 
 
 def stats(

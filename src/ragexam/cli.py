@@ -122,6 +122,9 @@ RagTimeoutOpt = Annotated[
 TrustOpt = Annotated[
     bool, _opt("--trust-store-endpoint", "Let the store's embedding function send its key.")
 ]
+RunJudgeControlsOpt = Annotated[  # run's --controls are the gold and closed-book runs
+    int, _opt("--judge-controls", "judge's --controls: known answers to N questions.", min=0)
+]
 TextsOpt = Annotated[
     bool, _opt("--texts/--no-texts", "Record retrieved_texts and source_text in answers.csv.")
 ]
@@ -492,6 +495,7 @@ def run(
     texts: TextsOpt = True,
     chroma_tenant: TenantOpt = None,
     chroma_database: DatabaseOpt = None,
+    judge_controls: RunJudgeControlsOpt = 10,
 ) -> None:
     """Run every stage in order: generate, answer, judge, stats; --limit applies to each."""
     if controls and rag:
@@ -552,6 +556,7 @@ def run(
         structured_output=structured_output,
         force=force,
         seed=seed,
+        controls=judge_controls,
     )
     for folder, kind in CONTROL_RUNS.items() if controls else ():
         answer(
