@@ -496,6 +496,7 @@ def run(
     chroma_tenant: TenantOpt = None,
     chroma_database: DatabaseOpt = None,
     judge_controls: RunJudgeControlsOpt = 10,
+    rag_timeout: RagTimeoutOpt = None,
 ) -> None:
     """Run every stage in order: generate, answer, judge, stats; --limit applies to each."""
     if controls and rag:
@@ -543,6 +544,7 @@ def run(
         force=force,
         trust_store_endpoint=trust_store_endpoint,
         context=context,
+        rag_timeout=rag_timeout,
     )
     judge(
         out=out,
