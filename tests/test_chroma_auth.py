@@ -116,7 +116,7 @@ def test_a_token_tenant_and_database_reach_the_collection(
         "--embedding",
         "openai:e",
     )
-    assert wrong.exit_code == 1 and "dimension 8" in wrong.output and "dimension 16" in wrong.output
+    assert wrong.exit_code == 2 and "dimension 8" in wrong.output and "dimension 16" in wrong.output
     assert env.count() == before
     written = [path.read_text(encoding="utf-8") for path in (tmp_path / "run").iterdir()]
     assert written and not any(TOKEN in text for text in written)
@@ -141,7 +141,7 @@ def test_a_missing_or_wrong_token_is_one_line_and_no_call(
         "handbooks",
     ]
     result = run_cli("generate", *args)
-    assert result.exit_code == 1
+    assert result.exit_code == 4  # refused, like an endpoint that refuses its key
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: the Chroma server at"), lines
     assert ("check CHROMA_API_KEY" if token else "set CHROMA_API_KEY") in lines[0]

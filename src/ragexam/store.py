@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ragexam.deadline import DeadlineExceeded, call_with_deadline
-from ragexam.errors import StoreError
+from ragexam.errors import AuthError, RagexamError, StoreError
 from ragexam.snapshot import existing_snapshot, snapshot_of
 from ragexam.urls import mask_url, parse_http_url
 
@@ -89,13 +89,13 @@ def _connect(ref: StoreRef, host: str, port: int, ssl: bool) -> Any:
     )
 
 
-def _refused(ref: StoreRef, exc: Exception) -> StoreError:
-    """One line for a server that cannot be reached or refuses the request, its token masked."""
+def _refused(ref: StoreRef, exc: Exception) -> RagexamError:
+    """One line for a server that cannot be reached (2) or refuses the token (4), token masked."""
     reason = mask_url(" ".join(str(exc).split()))[:300]
     if ref.token:
         reason = reason.replace(ref.token, "***")
     if any(word in reason.lower() for word in ("forbidden", "unauthorized", "authenticat")):
-        return StoreError(
+        return AuthError(
             f"the Chroma server at {ref.describe()} refused the request ({reason}): "
             + ("check CHROMA_API_KEY" if ref.token else "it needs a token: set CHROMA_API_KEY")
         )
