@@ -61,7 +61,8 @@ def test_summary_and_table_fit_80_columns(env: FakeOpenAI, tmp_path: Path) -> No
     )
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert all(len(line) <= 80 for line in lines), max(lines, key=len)
+    ours = [line for line in lines if not line.startswith("reading a snapshot")]  # one line, a path
+    assert all(len(line) <= 80 for line in ours), max(ours, key=len)
     # The bar's speed is "now"; the summary's is over the whole stage, setup included.
     assert sum("rows/s overall" in line for line in lines) == 3
     assert any("tokens " in line and " in + " in line for line in lines)

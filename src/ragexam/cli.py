@@ -184,7 +184,7 @@ _notes: list[str] = []  # what the core asked to be told, said after the stage's
 def say_notes() -> None:
     """Say, once, what the core noted while the stage ran (e.g. a store read from a copy)."""
     while _notes:
-        say(_notes.pop(0), wrap=True)
+        say(_notes.pop(0))
 
 
 def _version(shown: bool) -> None:
