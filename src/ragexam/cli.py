@@ -22,6 +22,7 @@ from ragexam.config import (
     load_settings,
 )
 from ragexam.display import progress_bar, say, show_warnings, summary_line
+from ragexam.endpoint import one_check_per_run
 from ragexam.errors import ConfigError, RagexamError
 from ragexam.store import StoreRef
 
@@ -112,7 +113,8 @@ def handled(command: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         show_warnings()
         try:
-            return command(*args, **kwargs)
+            with one_check_per_run():
+                return command(*args, **kwargs)
         except RagexamError as exc:
             say(f"Error: {exc}")
             raise typer.Exit(exc.exit_code) from None
