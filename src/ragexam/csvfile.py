@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import errno
 import io
 import os
 import tempfile
@@ -15,8 +16,9 @@ from operator import methodcaller
 from pathlib import Path
 from typing import IO, Any
 
-from ragexam.errors import InputFileError, OutputFileError
+from ragexam.errors import InputFileError, NoSpaceLeft, OutputFileError
 
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a full disk, or a full quota
 # A cell starting with one of these is run as a formula by spreadsheets (OWASP CSV injection).
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
@@ -197,12 +199,9 @@ class RowLog:
             while data:
                 data = data[os.write(self._fd, data) :]
         except OSError as exc:
-            os.ftruncate(self._fd, size)
-            raise OutputFileError(
-                self.path,
-                f"cannot be written: {exc.strerror}; make room and rerun the same "
-                "command, every finished row is kept",
-            ) from None
+            os.ftruncate(self._fd, size)  # shrinking needs no room, even on a full disk
+            advice = "; make room and rerun the same command, every finished row is kept"
+            raise write_error(self.path, exc, advice) from None
 
     def _line(self, row: Mapping[str, Any]) -> str:
         return _encode(format_cell(row.get(column)) for column in self.columns)
@@ -217,23 +216,35 @@ class RowLog:
                 os.close(fd)
 
 
+def write_error(path: Path, exc: OSError, advice: str = "") -> OutputFileError:
+    """The one-line error for a write that failed: no space left on the run folder, or why."""
+    if exc.errno in NO_SPACE:
+        return NoSpaceLeft(path)
+    return OutputFileError(path, f"cannot be written: {exc.strerror or exc}{advice}")
+
+
 @contextmanager
 def atomic_file(path: Path) -> Iterator[IO[str]]:
     """Write a text file under a unique temporary name, then rename it over `path`.
 
     The unique name means two writers never share a temporary file; a failed write leaves
-    `path` as it was and removes the temporary file.
+    `path` as it was, removes the temporary file and raises OutputFileError.
     """
-    descriptor, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        descriptor, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise write_error(path, exc) from None
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8", newline="") as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
         Path(name).replace(path)
-    except BaseException:
+    except BaseException as exc:
         with suppress(FileNotFoundError):
             Path(name).unlink()
+        if isinstance(exc, OSError):
+            raise write_error(path, exc) from None
         raise
 
 
