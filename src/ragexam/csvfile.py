@@ -11,6 +11,7 @@ import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
+from functools import cache
 from itertools import accumulate
 from operator import methodcaller
 from pathlib import Path
@@ -236,6 +237,7 @@ def atomic_file(path: Path) -> Iterator[IO[str]]:
         raise write_error(path, exc) from None
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8", newline="") as handle:
+            os.fchmod(descriptor, _mode(path))  # mkstemp's 0600 would hide results from others
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
@@ -246,6 +248,21 @@ def atomic_file(path: Path) -> Iterator[IO[str]]:
         if isinstance(exc, OSError):
             raise write_error(path, exc) from None
         raise
+
+
+def _mode(path: Path) -> int:
+    """The mode a rewritten file keeps, or a new file gets: as `open` would make it (umask)."""
+    with suppress(FileNotFoundError):
+        return path.stat().st_mode & 0o777
+    return 0o666 & ~_umask()
+
+
+@cache
+def _umask() -> int:
+    """The process's umask (read by setting it, so once: it is process-wide)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def read_rows(
