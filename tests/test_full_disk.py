@@ -43,7 +43,7 @@ def test_a_full_disk_is_one_line_keeps_whole_rows_and_a_failed_manifest(
 ) -> None:
     run = small_disk / "run"
     questions(run, N)
-    rag = rag_module(tmp_path, "full_rag", "An answer long enough to fill a small disk. " * 100)
+    rag = rag_module(tmp_path, "tmpfs_rag", "An answer long enough to fill a small disk. " * 100)
     args = ["answer", "--rag", rag, "--out", str(run), "--concurrency", "4"]
     full = run_cli(*args)
     assert full.exit_code == 2, full.output

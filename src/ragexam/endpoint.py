@@ -21,8 +21,10 @@ import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-import openai
+if TYPE_CHECKING:  # the SDK loads with the first stage, not with the CLI's run scope
+    import openai
 
 logger = logging.getLogger("ragexam")
 BOUND_FIELDS = ("max_tokens", "max_completion_tokens")
@@ -33,6 +35,8 @@ SHOWN = 5
 
 async def listed_models(client: openai.AsyncOpenAI) -> list[str] | None:
     """The ids `GET /v1/models` lists, or None when the endpoint does not answer it."""
+    import openai
+
     try:
         page = await client.models.list(timeout=LIST_TIMEOUT)
     except (openai.OpenAIError, ValueError, TypeError):
@@ -113,6 +117,8 @@ class ReplyBound:
 
     def refused(self, exc: BaseException) -> bool:
         """True when a 400 refuses a bound field: the first such refusal switches the field."""
+        import openai
+
         if not isinstance(exc, openai.BadRequestError):
             return False
         text = f"{exc.message} {exc.body}".lower()
