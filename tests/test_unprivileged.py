@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import build_store, read_csv, run_cli
 from openai_server import FakeOpenAI
+from test_durability import questions, rag_module
 from test_generate import docs
 from test_safety import _hashes as hashes
 
@@ -77,6 +78,25 @@ def test_an_out_folder_nobody_may_write_is_one_line_before_any_call(
             "pass a writable --out\n"
         )
     assert env.count() == calls and hashes(taken) == before and not (taken / "new").exists()
+
+
+def test_an_output_file_nobody_may_write_is_one_line_keeping_its_rows(
+    env: FakeOpenAI, tmp_path: Path, shared: Path, as_nobody: Run
+) -> None:
+    mine = shared / "mine"
+    questions(mine, 4)
+    for folder in (tmp_path, shared):  # the working directories of root and of nobody
+        rag = rag_module(folder, "nobody_rag", "An answer.")
+    assert run_cli("answer", "--rag", rag, "--out", str(mine), "--limit", "2").exit_code == 0
+    for path in [mine, *mine.iterdir()]:
+        os.chown(path, NOBODY, NOBODY)  # nobody's run folder, but answers.csv is read-only
+    (mine / "answers.csv").chmod(0o444)
+    refused = as_nobody("answer", "--rag", rag, "--out", "mine")
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.splitlines()[-1] == (
+        "Error: mine/answers.csv: cannot be written: Permission denied"
+    )
+    assert len(read_csv(mine / "answers.csv")) == 2
 
 
 def test_a_store_nobody_may_write_is_read_from_a_snapshot_and_left_as_it_was(

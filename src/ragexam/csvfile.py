@@ -193,7 +193,10 @@ class RowLog:
         if self._fd is None:
             if not self.path.exists() or self.path.stat().st_size == 0:
                 self.rewrite([])
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            try:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            except OSError as exc:  # a file made read-only, in a folder that is not
+                raise write_error(self.path, exc) from None
         data = self._line(row).encode("utf-8")
         size = os.fstat(self._fd).st_size
         try:
