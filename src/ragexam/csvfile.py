@@ -4,22 +4,19 @@ from __future__ import annotations
 
 import codecs
 import csv
-import errno
 import io
 import os
-import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from functools import cache
 from itertools import accumulate
 from operator import methodcaller
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from ragexam.errors import InputFileError, NoSpaceLeft, OutputFileError
+from ragexam.errors import InputFileError, OutputFileError
+from ragexam.outputs import atomic_file as atomic_file  # still importable from here
+from ragexam.outputs import write_error
 
-NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a full disk, or a full quota
 # A cell starting with one of these is run as a formula by spreadsheets (OWASP CSV injection).
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
@@ -218,54 +215,6 @@ class RowLog:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-
-
-def write_error(path: Path, exc: OSError, advice: str = "") -> OutputFileError:
-    """The one-line error for a write that failed: no space left on the run folder, or why."""
-    if exc.errno in NO_SPACE:
-        return NoSpaceLeft(path)
-    return OutputFileError(path, f"cannot be written: {exc.strerror or exc}{advice}")
-
-
-@contextmanager
-def atomic_file(path: Path) -> Iterator[IO[str]]:
-    """Write a text file under a unique temporary name, then rename it over `path`.
-
-    The unique name means two writers never share a temporary file; a failed write leaves
-    `path` as it was, removes the temporary file and raises OutputFileError.
-    """
-    try:
-        descriptor, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as exc:
-        raise write_error(path, exc) from None
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8", newline="") as handle:
-            os.fchmod(descriptor, _mode(path))  # mkstemp's 0600 would hide results from others
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        Path(name).replace(path)
-    except BaseException as exc:
-        with suppress(FileNotFoundError):
-            Path(name).unlink()
-        if isinstance(exc, OSError):
-            raise write_error(path, exc) from None
-        raise
-
-
-def _mode(path: Path) -> int:
-    """The mode a rewritten file keeps, or a new file gets: as `open` would make it (umask)."""
-    with suppress(FileNotFoundError):
-        return path.stat().st_mode & 0o777
-    return 0o666 & ~_umask()
-
-
-@cache
-def _umask() -> int:
-    """The process's umask (read by setting it, so once: it is process-wide)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def read_rows(

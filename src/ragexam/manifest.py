@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ragexam import __version__
-from ragexam.csvfile import NO_SPACE, atomic_file
 from ragexam.errors import NoSpaceLeft, OutputFileError
+from ragexam.outputs import NO_SPACE, atomic_file
 
 ROOM_FILE = ".manifest.room"
 ROOM_BYTES = 64 * 1024  # a manifest of every stage, settings included, is a few KiB
