@@ -6,8 +6,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import read_csv, run_cli
+from conftest import build_store, read_csv, run_cli
 from openai_server import FakeOpenAI
+from test_answer import write_qa
+from test_generate import docs
 from world import World
 
 from ragexam.controlruns import measured_diagnosis
@@ -136,3 +138,21 @@ def test_measured_diagnosis_first_match_wins() -> None:
     columns["retrieval_loss"] = gold - rag
     assert list(measured_diagnosis(columns, fallback, low)) == list(expected)
     assert list(measured_diagnosis({}, fallback, low)) == list(fallback)  # no control runs
+
+
+def test_a_huge_gold_chunk_is_cut_in_the_prompt(env: FakeOpenAI, tmp_path: Path) -> None:
+    chunks = docs(3)
+    chunks[1].page_content = "START " + "word " * 200_000  # a 1 MB source chunk
+    store = build_store(tmp_path / "store", chunks)
+    write_qa(
+        tmp_path / "run" / "qa_dataset.csv",
+        [{"qa_id": "a", "chunk_id": "chunk-0001", "question": "q"}],
+    )
+    args = ["answer", "--chroma", str(store), "--out", "run", "--context", "gold"]
+    result = run_cli(*args, "--max-chunk-chars", "300")
+    assert result.exit_code == 0, result.output
+    sent = str(env.requests[-1].body["messages"][-1]["content"])
+    cut = "START " + "word " * 58 + "word"  # 6 + 58 * 5 + 4 = 300 characters
+    assert f'<chunk rank="1">\n{cut}\n</chunk>' in sent
+    assert len(sent) < 5000
+    assert read_csv(tmp_path / "run" / "answers.csv")[0]["target_rank"] == "1"

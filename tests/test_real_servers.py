@@ -276,3 +276,20 @@ def test_a_refused_max_tokens_switches_to_max_completion_tokens_once(
     sent = [("max_tokens" in r.body, r.body.get("max_completion_tokens")) for r in env.requests]
     refused = sent.count((True, None))
     assert 1 <= refused <= 4 and sent.count((False, 1024)) == 8 and len(sent) == refused + 8
+
+
+def test_a_model_the_endpoint_does_not_list_is_warned_about_once_per_run(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    env.quirks = Quirks(models=["some-other-model"])
+    env.embedding_dim = 16
+    store = build_store(tmp_path / "store", docs(4))
+    args = ["--chroma", str(store), "--out", "run", "--embedding", "openai:e"]
+    result = run_cli("run", *args, "--max-error-rate", "1")
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.output.splitlines() if "not among the models" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("Warning: model 'gpt-4o-mini'")
+    assert len(env.listings) == 1  # generate looked it up; answer and judge did not again
+    again = run_cli("generate", "--chroma", str(store), "--out", "run2")  # a new run: warned again
+    assert again.exit_code == 0, again.output
+    assert again.output.count("not among the models") == 1 and len(env.listings) == 2

@@ -125,7 +125,9 @@ def _system(settings: Settings, options: AnswerOptions, collection: Any, rag: An
     if options.context != AnswerContext.retrieved:
         from ragexam.contexts import GivenContext
 
-        return GivenContext(settings, options.store, collection, options.context)
+        return GivenContext(
+            settings, options.store, collection, options.context, options.max_chunk_chars
+        )
     return BuiltinRag(settings, options, collection)
 
 

@@ -24,6 +24,7 @@ from ragexam.config import (
     load_settings,
 )
 from ragexam.display import Starting, progress_bar, say, show_warnings, summary_line
+from ragexam.endpoint import one_check_per_run
 from ragexam.errors import ConfigError, RagexamError
 from ragexam.store import StoreRef
 
@@ -137,7 +138,7 @@ def handled(command: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         show_warnings()
         try:
-            with Starting.show(command.__name__):
+            with one_check_per_run(), Starting.show(command.__name__):
                 return command(*args, **kwargs)
         except RagexamError as exc:
             say(f"Error: {exc}")

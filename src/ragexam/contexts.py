@@ -26,10 +26,15 @@ class GivenContext(RagSystem):
     name = "builtin"
 
     def __init__(
-        self, settings: Settings, store: StoreRef | None, collection: Any, context: AnswerContext
+        self,
+        settings: Settings,
+        store: StoreRef | None,
+        collection: Any,
+        context: AnswerContext,
+        max_chars: int,
     ) -> None:
         super().__init__(store, collection, 0)
-        self.context = context
+        self.context, self.max_chars = context, max_chars  # the source chunk is cut, as retrieved
         self.prompt: Prompt = load_prompt(PROMPTS[context], settings.prompts_dir)
         self.llm = LLM(settings, settings.model_for("answer"))
         self.model, self.prompt_hash = self.llm.model, self.prompt.hash
@@ -53,7 +58,7 @@ class GivenContext(RagSystem):
         if self.context == AnswerContext.gold:
             if source_text is None:
                 raise RowError(f"the source chunk {question.chunk_id!r} is not in the store")
-            values["context"] = context_block([source_text])
+            values["context"] = context_block([source_text[: self.max_chars]])
         reply = await self.llm.text(
             self.prompt.template.format_messages(**self.prompt.fill(**values))
         )

@@ -6,16 +6,16 @@ import codecs
 import csv
 import io
 import os
-import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import accumulate
 from operator import methodcaller
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from ragexam.errors import InputFileError, OutputFileError
+from ragexam.outputs import atomic_file as atomic_file  # still importable from here
+from ragexam.outputs import write_error
 
 # A cell starting with one of these is run as a formula by spreadsheets (OWASP CSV injection).
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
@@ -190,19 +190,19 @@ class RowLog:
         if self._fd is None:
             if not self.path.exists() or self.path.stat().st_size == 0:
                 self.rewrite([])
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            try:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            except OSError as exc:  # a file made read-only, in a folder that is not
+                raise write_error(self.path, exc) from None
         data = self._line(row).encode("utf-8")
         size = os.fstat(self._fd).st_size
         try:
             while data:
                 data = data[os.write(self._fd, data) :]
         except OSError as exc:
-            os.ftruncate(self._fd, size)
-            raise OutputFileError(
-                self.path,
-                f"cannot be written: {exc.strerror}; make room and rerun the same "
-                "command, every finished row is kept",
-            ) from None
+            os.ftruncate(self._fd, size)  # shrinking needs no room, even on a full disk
+            advice = "; make room and rerun the same command, every finished row is kept"
+            raise write_error(self.path, exc, advice) from None
 
     def _line(self, row: Mapping[str, Any]) -> str:
         return _encode(format_cell(row.get(column)) for column in self.columns)
@@ -215,26 +215,6 @@ class RowLog:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-
-
-@contextmanager
-def atomic_file(path: Path) -> Iterator[IO[str]]:
-    """Write a text file under a unique temporary name, then rename it over `path`.
-
-    The unique name means two writers never share a temporary file; a failed write leaves
-    `path` as it was and removes the temporary file.
-    """
-    descriptor, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8", newline="") as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        Path(name).replace(path)
-    except BaseException:
-        with suppress(FileNotFoundError):
-            Path(name).unlink()
-        raise
 
 
 def read_rows(

@@ -2,8 +2,9 @@
 
 llama.cpp's server, and some proxies, answer every model name with the one model they have,
 so a misspelt RAGEXAM_MODEL would go unnoticed. Where `GET /v1/models` answers, the model is
-looked up there once, before a stage's first call. The warning goes to the `ragexam` logger;
-the CLI shows it as one line.
+looked up there once, before a stage's first call, and once per run for a model and base URL
+(`ragexam run` does not look it up again in each stage). The warning goes to the `ragexam`
+logger; the CLI shows it as one line.
 
 Every reply is bounded. OpenAI wants `max_completion_tokens` (its reasoning models refuse
 `max_tokens`, and it refuses both together); llama-cpp-python reads only `max_tokens`. Each
@@ -18,8 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-import openai
+if TYPE_CHECKING:  # the SDK loads with the first stage, not with the CLI's run scope
+    import openai
 
 logger = logging.getLogger("ragexam")
 BOUND_FIELDS = ("max_tokens", "max_completion_tokens")
@@ -30,6 +35,8 @@ SHOWN = 5
 
 async def listed_models(client: openai.AsyncOpenAI) -> list[str] | None:
     """The ids `GET /v1/models` lists, or None when the endpoint does not answer it."""
+    import openai
+
     try:
         page = await client.models.list(timeout=LIST_TIMEOUT)
     except (openai.OpenAIError, ValueError, TypeError):
@@ -51,11 +58,27 @@ def absent_model_warning(model: str, listed: list[str] | None) -> str | None:
     )
 
 
+_checked: list[set[tuple[str | None, str]]] = []  # the run's (base URL, model) looked up
+
+
+@contextmanager
+def one_check_per_run() -> Iterator[None]:
+    """Within it (one command, `run` with its stages included), a model is looked up once."""
+    if _checked:  # a stage inside `run`: the run's checks hold
+        yield
+        return
+    _checked.append(set())
+    try:
+        yield
+    finally:
+        _checked.clear()
+
+
 class ModelCheck:
     """Warns, through the `ragexam` logger, when the endpoint does not list the model."""
 
-    def __init__(self, model: str) -> None:
-        self.model, self.done = model, False
+    def __init__(self, model: str, base_url: str | None = None) -> None:
+        self.model, self.base_url, self.done = model, base_url, False
         self._lock = asyncio.Lock()
 
     async def once(self, client: openai.AsyncOpenAI) -> None:
@@ -63,11 +86,20 @@ class ModelCheck:
         if self.done:
             return
         async with self._lock:
-            if not self.done:
+            if not self.done and self._first_in_run():
                 warning = absent_model_warning(self.model, await listed_models(client))
                 if warning is not None:
                     logger.warning(warning)
-                self.done = True
+            self.done = True
+
+    def _first_in_run(self) -> bool:
+        """True, once per run, for this model at this base URL (always, outside a run)."""
+        key = (self.base_url, self.model)
+        if _checked and key in _checked[0]:
+            return False
+        if _checked:
+            _checked[0].add(key)
+        return True
 
 
 class ReplyBound:
@@ -85,6 +117,8 @@ class ReplyBound:
 
     def refused(self, exc: BaseException) -> bool:
         """True when a 400 refuses a bound field: the first such refusal switches the field."""
+        import openai
+
         if not isinstance(exc, openai.BadRequestError):
             return False
         text = f"{exc.message} {exc.body}".lower()

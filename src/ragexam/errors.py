@@ -4,7 +4,8 @@
     ├── ConfigError           a setting is missing or invalid (API key, option values)
     ├── StoreError            the Chroma store or collection cannot be read as asked
     ├── InputFileError        an input CSV is missing, unreadable or lacks columns
-    ├── OutputFileError       an existing output cannot be resumed safely
+    ├── OutputFileError       an existing output cannot be resumed safely, or written
+    │   └── NoSpaceLeft       the run folder's disk, or the user's quota, is full
     ├── PromptError           a prompt file is missing or malformed
     ├── RowError              one row cannot be done (empty chunk, failing RAG callable)
     ├── LLMError              one call failed for good (carries attempts and raw output)
@@ -53,6 +54,18 @@ class OutputFileError(RagexamError):
     def __init__(self, path: Path, problem: str) -> None:
         self.path = path
         super().__init__(f"{path}: {problem}")
+
+
+class NoSpaceLeft(OutputFileError):
+    """The disk (or the quota) that holds the run folder is full."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        RagexamError.__init__(  # the folder first: it is the disk that needs room, not the file
+            self,
+            f"no space left on {path.parent} (writing {path.name}); make room and rerun the "
+            "same command, every finished row is kept",
+        )
 
 
 class PromptError(RagexamError):

@@ -123,7 +123,7 @@ class LLM:
         self.chat.extra_body = self.bound.body()
         self.choice = MethodChoice(settings.structured_output)
         self.system_as_user = settings.system_prompt == SystemRole.user
-        self.model_check = ModelCheck(model)
+        self.model_check = ModelCheck(model, settings.openai_base_url)
         self.max_retries = settings.max_retries
         self.backoff = settings.retry_backoff
         self.redact = settings.redact

@@ -10,7 +10,7 @@ from __future__ import annotations
 import fcntl
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from ragexam.errors import OutputFileError, RunFolderBusy
@@ -54,5 +54,6 @@ def _acquire(out: Path) -> int:
         os.close(descriptor)
         raise RunFolderBusy(out, holder) from None
     os.ftruncate(descriptor, 0)
-    os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
+    with suppress(OSError):  # a full disk: the lock holds all the same, only its pid is unsaid
+        os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
     return descriptor

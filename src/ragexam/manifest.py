@@ -1,20 +1,57 @@
-"""The run folder's manifest.json: what every stage's results depend on, and its figures."""
+"""The run folder's manifest.json: what every stage's results depend on, and its figures.
+
+A stage that stops on a full disk must still record that it failed. While a stage runs, a
+small file (`.manifest.room`) holds disk room for that last update: when the manifest cannot
+be written for want of space, the room is given back and the write tried once more.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from ragexam import __version__
-from ragexam.csvfile import atomic_file
-from ragexam.errors import OutputFileError
+from ragexam.errors import NoSpaceLeft, OutputFileError
+from ragexam.outputs import NO_SPACE, atomic_file
+
+ROOM_FILE = ".manifest.room"
+ROOM_BYTES = 64 * 1024  # a manifest of every stage, settings included, is a few KiB
 
 
-def update_manifest(out: Path, stage: str, record: Mapping[str, Any]) -> Path:
-    """Merge one stage's record into `manifest.json` of the run folder, atomically."""
+@contextmanager
+def manifest_room(out: Path) -> Iterator[None]:
+    """Hold disk room for the manifest's last update while a stage runs; give it back after."""
+    path = out / ROOM_FILE
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.posix_fallocate(descriptor, 0, ROOM_BYTES)
+        finally:
+            os.close(descriptor)
+    except OSError as exc:
+        with suppress(FileNotFoundError):
+            path.unlink()
+        if exc.errno in NO_SPACE:  # not even this much room: stop before any work
+            raise NoSpaceLeft(out / "manifest.json") from None
+    try:
+        yield
+    finally:
+        with suppress(FileNotFoundError):
+            path.unlink()
+
+
+def update_manifest(
+    out: Path, stage: str, record: Mapping[str, Any], *, last: bool = False
+) -> Path:
+    """Merge one stage's record into `manifest.json` of the run folder, atomically.
+
+    The stage's `last` update may use the room held for it when the disk is full.
+    """
     path = out / "manifest.json"
     try:
         manifest = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
@@ -27,12 +64,20 @@ def update_manifest(out: Path, stage: str, record: Mapping[str, Any]) -> Path:
         **record,
         "updated": datetime.now(UTC).isoformat(timespec="seconds"),
     }
+    text = json.dumps(manifest, indent=2, default=str) + "\n"
     try:
-        with atomic_file(path) as handle:
-            handle.write(json.dumps(manifest, indent=2, default=str) + "\n")
-    except OSError as exc:
-        raise OutputFileError(path, f"cannot be written: {exc.strerror}") from None
+        _write(path, text)
+    except NoSpaceLeft:
+        if not last or not (out / ROOM_FILE).exists():
+            raise
+        (out / ROOM_FILE).unlink()  # the room held for this moment
+        _write(path, text)
     return path
+
+
+def _write(path: Path, text: str) -> None:
+    with atomic_file(path) as handle:
+        handle.write(text)
 
 
 def read_manifest(out: Path) -> dict[str, Any]:

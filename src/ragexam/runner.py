@@ -18,7 +18,7 @@ from ragexam.csvfile import RowLog, read_rows
 from ragexam.errors import AuthError, LLMError, OutputFileError, RagexamError, TooManyErrors
 from ragexam.fingerprint import changed_inputs, stale_rows
 from ragexam.lock import run_folder_lock
-from ragexam.manifest import update_manifest
+from ragexam.manifest import manifest_room, update_manifest
 
 # Columns the runner fills for every stage, after the stage's own.
 RUN_COLUMNS = (
@@ -294,7 +294,7 @@ def execute(
 
     The run folder is locked throughout: one writer at a time.
     """
-    with run_folder_lock(how.out):
+    with run_folder_lock(how.out), manifest_room(how.out):
         return _execute(stage, plan, record, how, progress)
 
 
@@ -327,7 +327,8 @@ def _execute(
     finally:
         figures = {**plan.figures(), **runner.outcome.record()}
         try:
-            update_manifest(how.out, stage.name, {**record, **figures, "status": status})
+            final = {**record, **figures, "status": status}
+            update_manifest(how.out, stage.name, final, last=True)
         except OutputFileError:
             if status == "finished":
                 raise  # otherwise the error that stopped the run is the one to show

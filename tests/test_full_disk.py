@@ -1,0 +1,79 @@
+"""A truly full disk: a small tmpfs mounted as the run folder's file system."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import read_csv, run_cli
+from openai_server import FakeOpenAI
+from test_durability import questions, rag_module
+
+N = 80
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 256 KiB tmpfs mounted in tmp_path; skipped where mounting is not permitted."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)]
+    try:
+        mounted = subprocess.run(mount, capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        pytest.skip("no mount command: a full disk cannot be made here")
+    if mounted.returncode != 0:
+        pytest.skip(f"mounting a tmpfs is not permitted here: {mounted.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True, timeout=30)
+
+
+def grow(disk: Path) -> None:
+    """Give the full disk room: a bigger tmpfs, with the same files."""
+    subprocess.run(["mount", "-o", "remount,size=4m", str(disk)], check=True, timeout=30)
+
+
+def test_a_full_disk_is_one_line_keeps_whole_rows_and_a_failed_manifest(
+    env: FakeOpenAI, tmp_path: Path, small_disk: Path
+) -> None:
+    run = small_disk / "run"
+    questions(run, N)
+    rag = rag_module(tmp_path, "tmpfs_rag", "An answer long enough to fill a small disk. " * 100)
+    args = ["answer", "--rag", rag, "--out", str(run), "--concurrency", "4"]
+    full = run_cli(*args)
+    assert full.exit_code == 2, full.output
+    last = full.output.strip().splitlines()[-1]
+    assert last == (
+        f"Error: no space left on {run} (writing answers.csv); make room and rerun the same "
+        "command, every finished row is kept"
+    )
+    assert "Internal error" not in full.output
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["stages"]["answer"]["status"] == "failed"
+    output = run / "answers.csv"
+    data = output.read_bytes()
+    assert data.endswith(b"\n")
+    kept = read_csv(output)
+    assert 10 < len(kept) < N and output.read_bytes() == data  # whole rows only: nothing to cut
+    assert {row["status"] for row in kept} == {"ok"}
+    assert sorted(p.name for p in run.iterdir()) == [
+        ".ragexam.lock", "answers.csv", "manifest.json", "qa_dataset.csv"
+    ]  # fmt: skip
+    still = run_cli(*args)  # the disk is still full: the same error, no row lost
+    assert still.exit_code == 2 and "Internal error" not in still.output
+    assert still.output.strip().splitlines()[-1].startswith(f"Error: no space left on {run} (")
+    assert read_csv(output)[: len(kept)] == kept
+    assert json.loads((run / "manifest.json").read_text())["stages"]["answer"]["status"] == "failed"
+    grow(small_disk)
+    again = run_cli(*args)
+    assert again.exit_code == 0, again.output
+    assert f"{len(kept)} done before" in again.output
+    assert len(read_csv(output)) == N
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["stages"]["answer"]["status"] == "finished"
+    assert not (run / ".manifest.room").exists()
