@@ -61,7 +61,7 @@ def control_bars(documents: pd.DataFrame) -> str:
         parts.append(
             f'<circle cx="{x}" cy="{top + 18}" r="6" fill="{diagnosis_colour(diagnosis)}"/>'
         )
-        shown = "" if pd.isna(loss) else f"  loss {loss:+.2f}"
+        shown = "" if pd.isna(loss) else f" · retrieval loss {loss:+.2f}"
         parts.append(_text(x + 12, top + 22, diagnosis + shown))
     for place, (_, label, colour) in enumerate(RUNS):
         x = left + place * 120
@@ -73,30 +73,49 @@ def control_bars(documents: pd.DataFrame) -> str:
 
 
 def cutoff_chart(overall: pd.Series, k: int) -> str:
-    """Hit rate and MRR at each cutoff C <= k, as two lines over C."""
-    cutoffs, width, height, pad = cutoffs_for(k), 440, 260, 40
+    """Hit rate and MRR at each cutoff C <= k, as two lines over C on a 0-1 scale."""
+    cutoffs, width, height, pad = cutoffs_for(k), 440, 280, 40
     step = (width - 2 * pad) / max(len(cutoffs) - 1, 1)
-    bottom = height - pad
-    parts = [f'<line x1="{pad}" y1="{bottom}" x2="{width - pad}" y2="{bottom}" stroke="#8c959f"/>']
-    for line, (metric, colour) in enumerate((("hit_rate", "#3b6fb6"), ("mrr", "#e69f00"))):
+    bottom, span = height - 60, height - 60 - pad // 2
+    parts = _cutoff_axes(width, bottom, span, pad)
+    # MRR@C never exceeds the hit rate@C: its values go below its points, the hit rate's above.
+    for line, (metric, colour, shift) in enumerate(
+        (("hit_rate", "#3b6fb6", -8), ("mrr", "#e69f00", 15))
+    ):
         points = []
         for place, cutoff in enumerate(cutoffs):
             value = float(overall[f"{metric}_at_{cutoff}"])
             if value != value:  # NaN: nothing answered yet
                 continue
-            x, y = pad + place * step, bottom - value * (height - 2 * pad)
+            x, y = pad + place * step, bottom - value * span
             points.append(f"{x:.1f},{y:.1f}")
             tip = f"<title>{metric} at {cutoff}: {value:.3f}</title>"
             parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{colour}">{tip}</circle>')
-            parts.append(_text(x, y - 8, f"{value:.2f}", 'text-anchor="middle" font-size="10"'))
+            parts.append(_text(x, y + shift, f"{value:.2f}", 'text-anchor="middle" font-size="10"'))
         polyline = f'points="{" ".join(points)}" fill="none" stroke="{colour}" stroke-width="2"'
         parts.append(f"<polyline {polyline}/>")
+        top = 10 + 18 * line
         parts.append(
-            _text(width - pad + 6, 14 + 16 * line, metric.replace("_", " "), f'fill="{colour}"')
+            f'<rect x="{width - pad + 10}" y="{top}" width="10" height="10" fill="{colour}"/>'
+        )
+        parts.append(
+            _text(width - pad + 24, top + 9, metric.replace("_", " ").replace("mrr", "MRR"))
         )
     for place, cutoff in enumerate(cutoffs):
-        parts.append(_text(pad + place * step, bottom + 16, f"@{cutoff}", 'text-anchor="middle"'))
-    return _svg(width + 60, height, parts, "hit rate and MRR against the cutoff")
+        parts.append(_text(pad + place * step, bottom + 34, f"@{cutoff}", 'text-anchor="middle"'))
+    parts.append(_text(width / 2, height - 6, "cutoff C (chunks kept)", 'text-anchor="middle"'))
+    return _svg(width + 80, height, parts, "hit rate and MRR against the cutoff")
+
+
+def _cutoff_axes(width: int, bottom: int, span: int, pad: int) -> list[str]:
+    """Gridlines at 0, 0.5 and 1, each labelled on the left."""
+    parts = []
+    for value in (0.0, 0.5, 1.0):
+        y = bottom - value * span
+        stroke = "#8c959f" if value == 0 else "#e4e7eb"
+        parts.append(f'<line x1="{pad}" y1="{y}" x2="{width - pad}" y2="{y}" stroke="{stroke}"/>')
+        parts.append(_text(pad - 6, y + 4, f"{value:g}", 'text-anchor="end" font-size="10"'))
+    return parts
 
 
 def control_line(overall: pd.DataFrame) -> str | None:
