@@ -6,9 +6,8 @@ import codecs
 import csv
 import io
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from itertools import accumulate
 from operator import methodcaller
 from pathlib import Path
 from typing import Any
@@ -66,31 +65,51 @@ class Record:
 
 
 def scan(data: bytes) -> tuple[list[Record], int]:
-    """Every non-blank record of a CSV, readable or not, and the offset of a torn tail.
+    """Every non-blank record of a CSV, readable or not, and the offset of a torn tail."""
+    records: list[Record] = []
+    torn = _drain(records, _records_of(data))
+    return records, torn
+
+
+def _drain(items: list[Any], source: Generator[Any, None, int]) -> int:
+    """Append what `source` yields to `items`; what it returns."""
+    while True:
+        try:
+            items.append(next(source))
+        except StopIteration as stop:
+            return int(stop.value)
+
+
+def _records_of(data: bytes) -> Generator[Record, None, int]:
+    """scan, one record at a time: returns the offset of a torn tail once every record is out.
 
     A torn tail is what follows the last newline, or a quoted field still open at the end of
     the file: what a crash leaves mid-write. Undecodable bytes make their record unreadable,
     never the records after it.
     """
-    pieces = data.split(b"\n")
-    tail = len(data) - len(pieces.pop())  # what follows the last newline is torn or empty
-    ends = [0, *accumulate(len(piece) + 1 for piece in pieces)]
-    lines = (piece.decode("utf-8", "surrogateescape") + "\n" for piece in pieces)
-    reader = csv.reader(lines, strict=True)
-    records: list[Record] = []
+    lines_in_file = data.count(b"\n")
+    handed = [0]  # bytes handed to the csv reader so far: it reads no line ahead
+
+    def lines() -> Iterator[str]:
+        for line in io.BytesIO(data):
+            if not line.endswith(b"\n"):
+                return  # what follows the last newline is torn or empty
+            handed[0] += len(line)
+            yield line.decode("utf-8", "surrogateescape")
+
+    reader = csv.reader(lines(), strict=True)
     while True:
-        first = reader.line_num + 1
+        first, start = reader.line_num + 1, handed[0]
         try:
             fields, problem = next(reader), None
         except StopIteration:
-            return records, tail
+            return handed[0]
         except csv.Error as exc:
-            if reader.line_num >= len(pieces):  # an open quote ran to the end: a torn tail
-                return records, ends[first - 1]
+            if reader.line_num >= lines_in_file:  # an open quote ran to the end: a torn tail
+                return start
             fields, problem = [], f"is not valid CSV ({exc})"
         if fields or problem:
-            problem = problem or _undecodable(fields)
-            records.append(Record(fields, first, ends[first - 1], ends[reader.line_num], problem))
+            yield Record(fields, first, start, handed[0], problem or _undecodable(fields))
 
 
 def _counted(record: Record, fields: int) -> Record:
@@ -123,35 +142,64 @@ class RowLog:
         """Where unreadable rows go, with their line numbers."""
         return self.path.with_name(self.path.name + ".bad-rows")
 
-    def load(self) -> list[dict[str, str]]:
+    def load(self, columns: Sequence[str] | None = None) -> list[dict[str, str]]:
         """Read the rows already written; cut a torn tail, move unreadable rows aside.
 
-        Rows from an older version that lacked some columns are read with those empty.
+        Rows from an older version that lacked some columns are read with those empty. With
+        `columns`, an `ok` row keeps only those (other rows stay whole): a large file then
+        takes a fraction of the memory, and `keep` rewrites it from the file itself.
         """
+        rows = self._rows()  # one at a time
+        if columns is None:
+            return list(rows)
+        return [
+            row if row.get("status") != "ok" else {c: row[c] for c in columns if c in row}
+            for row in rows
+        ]
+
+    def keep(self, positions: set[int]) -> None:
+        """Rewrite the file with only its rows at these positions (0 is the first after the
+        header), as the last `load` read it; one row at a time, never all of them at once."""
+        rows = enumerate(self._rows())
+        self.rewrite(row for position, row in rows if position in positions)
+
+    def _rows(self) -> Iterator[dict[str, str]]:
+        """The readable rows; once they are out, a torn tail is cut and unreadable rows are
+        moved aside (the file rewritten in a second pass, as when its header is older)."""
         if not self.path.exists():
-            return []
+            return
         whole = self.path.read_bytes()
         data = whole.removeprefix(codecs.BOM_UTF8)
-        records, torn = scan(data)
-        if not records:
-            return []
-        header = records[0]
+        records = _records_of(data)
+        header = next(records, None)
+        if header is None:
+            return
         self._check_header(header.fields)
-        rows, bad = [], []
-        for record in records[1:]:
-            record = _counted(record, len(header.fields))
-            if record.problem is not None:
-                bad.append(record)
-                continue
-            cells = dict(zip(header.fields, map(unescape_cell, record.fields), strict=True))
-            rows.append({column: cells.get(column, "") for column in self.columns})
+        bad: list[Record] = []
+        torn = yield from self._readable(records, header.fields, bad)
         self._quarantine(data, bad)
         if bad or header.fields != self.columns:
-            self.rewrite(rows)
+            again = _records_of(data)
+            next(again)
+            self.rewrite(self._readable(again, header.fields, []))
         elif torn < len(data):  # cut in place: the rows above it keep their bytes
             with self.path.open("r+b") as handle:
                 handle.truncate(len(whole) - len(data) + torn)
-        return rows
+
+    def _readable(
+        self, records: Generator[Record, None, int], header: list[str], bad: list[Record]
+    ) -> Generator[dict[str, str], None, int]:
+        """The rows of the readable records, the others put in `bad`; returns the torn offset."""
+        while True:
+            try:
+                record = _counted(next(records), len(header))
+            except StopIteration as stop:
+                return int(stop.value)
+            if record.problem is not None:
+                bad.append(record)
+                continue
+            cells = dict(zip(header, map(unescape_cell, record.fields), strict=True))
+            yield {column: cells.get(column, "") for column in self.columns}
 
     def _check_header(self, header: list[str]) -> None:
         unknown = [name for name in header if name not in self.columns]

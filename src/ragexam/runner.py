@@ -145,11 +145,12 @@ class Runner:
         has changed is redone. Rows of another model, prompt or settings need --force.
         """
         ok: dict[str, Mapping[str, Any]] = {}
-        rows = self.log.load()
-        for row in rows:
+        position: dict[str, int] = {}  # of each key's ok row in the file
+        rows = self.log.load(self._resume_columns())
+        for at, row in enumerate(rows):
             key = row[self.stage.key]
             if row["status"] == "ok":
-                ok[key] = row
+                ok[key], position[key] = row, at
                 self._previous_errors.pop(key, None)
             elif key not in ok:
                 self._previous_errors[key] = row
@@ -161,9 +162,14 @@ class Runner:
             del ok[key]
         self.outcome.redone = len(changed)
         if len(ok) < len(rows):  # only to drop rows: a file of `ok` rows is appended to as it is
-            self.log.rewrite(ok.values())  # error rows go; they come back retried or untouched
+            self.log.keep({position[key] for key in ok})  # error rows go; they come back
         self.outcome.done_before = len(ok)
         return set(ok)
+
+    def _resume_columns(self) -> list[str]:
+        """What resume reads of an `ok` row: its key, status and fingerprint."""
+        fingerprint = ["model", "prompt_hash", "input_hash", *self.stage.fixed]
+        return [self.stage.key, "status", *fingerprint]
 
     async def run(self, tasks: Iterable[Task] | AsyncIterator[Task], work: Work) -> Outcome:
         """Do every task not yet `ok`, `concurrency` at a time, writing rows as they land."""
