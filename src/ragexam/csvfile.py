@@ -10,7 +10,7 @@ from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from operator import methodcaller
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ragexam.errors import InputFileError, OutputFileError
 from ragexam.outputs import atomic_file as atomic_file  # still importable from here
@@ -67,7 +67,7 @@ class Record:
 def scan(data: bytes) -> tuple[list[Record], int]:
     """Every non-blank record of a CSV, readable or not, and the offset of a torn tail."""
     records: list[Record] = []
-    torn = _drain(records, _records_of(data))
+    torn = _drain(records, _records_in(io.BytesIO(data)))
     return records, torn
 
 
@@ -80,22 +80,23 @@ def _drain(items: list[Any], source: Generator[Any, None, int]) -> int:
             return int(stop.value)
 
 
-def _records_of(data: bytes) -> Generator[Record, None, int]:
-    """scan, one record at a time: returns the offset of a torn tail once every record is out.
+def _records_in(source: Iterator[bytes]) -> Generator[Record, None, int]:
+    """scan, one record at a time from a binary file's lines: returns the offset of a torn
+    tail once every record is out.
 
     A torn tail is what follows the last newline, or a quoted field still open at the end of
     the file: what a crash leaves mid-write. Undecodable bytes make their record unreadable,
     never the records after it.
     """
-    lines_in_file = data.count(b"\n")
-    handed = [0]  # bytes handed to the csv reader so far: it reads no line ahead
+    handed, last = [0], [False]  # bytes handed to the csv reader: it reads no line ahead
 
     def lines() -> Iterator[str]:
-        for line in io.BytesIO(data):
-            if not line.endswith(b"\n"):
-                return  # what follows the last newline is torn or empty
-            handed[0] += len(line)
+        line = next(source, b"")
+        while line.endswith(b"\n"):  # what follows the last newline is torn or empty
+            following = next(source, b"")
+            handed[0], last[0] = handed[0] + len(line), not following.endswith(b"\n")
             yield line.decode("utf-8", "surrogateescape")
+            line = following
 
     reader = csv.reader(lines(), strict=True)
     while True:
@@ -105,7 +106,7 @@ def _records_of(data: bytes) -> Generator[Record, None, int]:
         except StopIteration:
             return handed[0]
         except csv.Error as exc:
-            if reader.line_num >= lines_in_file:  # an open quote ran to the end: a torn tail
+            if last[0]:  # an open quote ran to the end: a torn tail
                 return start
             fields, problem = [], f"is not valid CSV ({exc})"
         if fields or problem:
@@ -168,23 +169,26 @@ class RowLog:
         moved aside (the file rewritten in a second pass, as when its header is older)."""
         if not self.path.exists():
             return
-        whole = self.path.read_bytes()
-        data = whole.removeprefix(codecs.BOM_UTF8)
-        records = _records_of(data)
-        header = next(records, None)
-        if header is None:
-            return
-        self._check_header(header.fields)
-        bad: list[Record] = []
-        torn = yield from self._readable(records, header.fields, bad)
-        self._quarantine(data, bad)
-        if bad or header.fields != self.columns:
-            again = _records_of(data)
-            next(again)
-            self.rewrite(self._readable(again, header.fields, []))
-        elif torn < len(data):  # cut in place: the rows above it keep their bytes
+        with self.path.open("rb") as handle:
+            bom = len(codecs.BOM_UTF8) if handle.read(3) == codecs.BOM_UTF8 else 0
+            handle.seek(bom)
+            records = _records_in(handle)
+            header = next(records, None)
+            if header is None:
+                return
+            self._check_header(header.fields)
+            bad: list[Record] = []
+            torn = yield from self._readable(records, header.fields, bad)
+            self._quarantine(handle, bom, bad)
+            if bad or header.fields != self.columns:
+                handle.seek(bom)
+                again = _records_in(handle)
+                next(again)
+                self.rewrite(self._readable(again, header.fields, []))
+                return
+        if bom + torn < self.path.stat().st_size:  # cut in place: the rows above keep their bytes
             with self.path.open("r+b") as handle:
-                handle.truncate(len(whole) - len(data) + torn)
+                handle.truncate(bom + torn)
 
     def _readable(
         self, records: Generator[Record, None, int], header: list[str], bad: list[Record]
@@ -210,7 +214,7 @@ class RowLog:
                 "move it away or choose another --out",
             )
 
-    def _quarantine(self, data: bytes, bad: list[Record]) -> None:
+    def _quarantine(self, source: IO[bytes], offset: int, bad: list[Record]) -> None:
         """Append unreadable rows, each under a line naming its line number and problem."""
         self.quarantined = len(bad)
         if not bad:
@@ -218,7 +222,8 @@ class RowLog:
         with self.bad_rows_path.open("ab") as handle:
             for record in bad:
                 handle.write(f"# line {record.line}: {record.problem}\n".encode())
-                handle.write(data[record.start : record.end])
+                source.seek(offset + record.start)
+                handle.write(source.read(record.end - record.start))
             handle.flush()
             os.fsync(handle.fileno())
 
