@@ -6,6 +6,7 @@ import codecs
 import csv
 import io
 import os
+from array import array
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from operator import methodcaller
@@ -137,6 +138,7 @@ class RowLog:
         self.columns = list(columns)
         self.quarantined = 0  # unreadable rows moved to FILE.bad-rows by the last load
         self._fd: int | None = None
+        self._spans: array[int] | None = None  # start and end of each row the last load read
 
     @property
     def bad_rows_path(self) -> Path:
@@ -160,13 +162,32 @@ class RowLog:
 
     def keep(self, positions: set[int]) -> None:
         """Rewrite the file with only its rows at these positions (0 is the first after the
-        header), as the last `load` read it; one row at a time, never all of them at once."""
-        rows = enumerate(self._rows())
-        self.rewrite(row for position, row in rows if position in positions)
+        header), as the last `load` read it: their bytes as they are, never all rows at once."""
+        if self._spans is None:  # the file was not read as it stands: read it again
+            rows = enumerate(self._rows())
+            self.rewrite(row for position, row in rows if position in positions)
+            return
+        runs: list[list[int]] = []  # byte ranges to copy, neighbours joined
+        for position in sorted(positions):
+            start, end = self._spans[2 * position], self._spans[2 * position + 1]
+            if runs and runs[-1][1] == start:
+                runs[-1][1] = end
+            else:
+                runs.append([start, end])
+        with self.path.open("rb") as source, atomic_file(self.path) as handle:
+            handle.write(_encode(self.columns))
+            text = codecs.getincrementaldecoder("utf-8")()  # a chunk may end mid-character
+            for start, end in runs:
+                source.seek(start)
+                while start < end:
+                    chunk = source.read(min(end - start, 1 << 20))
+                    start += len(chunk)
+                    handle.write(text.decode(chunk))
 
     def _rows(self) -> Iterator[dict[str, str]]:
         """The readable rows; once they are out, a torn tail is cut and unreadable rows are
         moved aside (the file rewritten in a second pass, as when its header is older)."""
+        self._spans = None
         if not self.path.exists():
             return
         with self.path.open("rb") as handle:
@@ -178,12 +199,14 @@ class RowLog:
                 return
             self._check_header(header.fields)
             bad: list[Record] = []
-            torn = yield from self._readable(records, header.fields, bad)
+            self._spans = array("Q")
+            torn = yield from self._readable(records, header.fields, bad, bom)
             self._quarantine(handle, bom, bad)
             if bad or header.fields != self.columns:
                 handle.seek(bom)
                 again = _records_in(handle)
                 next(again)
+                self._spans = None
                 self.rewrite(self._readable(again, header.fields, []))
                 return
         if bom + torn < self.path.stat().st_size:  # cut in place: the rows above keep their bytes
@@ -191,9 +214,16 @@ class RowLog:
                 handle.truncate(bom + torn)
 
     def _readable(
-        self, records: Generator[Record, None, int], header: list[str], bad: list[Record]
+        self,
+        records: Generator[Record, None, int],
+        header: list[str],
+        bad: list[Record],
+        bom: int | None = None,
     ) -> Generator[dict[str, str], None, int]:
-        """The rows of the readable records, the others put in `bad`; returns the torn offset."""
+        """The rows of the readable records, the others put in `bad`; returns the torn offset.
+
+        With `bom` (the offset of the records' bytes), each row's byte span is kept for `keep`.
+        """
         while True:
             try:
                 record = _counted(next(records), len(header))
@@ -202,6 +232,8 @@ class RowLog:
             if record.problem is not None:
                 bad.append(record)
                 continue
+            if bom is not None and self._spans is not None:
+                self._spans.extend((bom + record.start, bom + record.end))
             cells = dict(zip(header, map(unescape_cell, record.fields), strict=True))
             yield {column: cells.get(column, "") for column in self.columns}
 
