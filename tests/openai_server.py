@@ -12,11 +12,13 @@ import struct
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from functools import lru_cache, partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from math import ceil
 from typing import Any
 
 JSON = dict[str, Any]
@@ -42,6 +44,8 @@ class Faults:
     status_if: Callable[[str], int | None] | None = None
     # A 200 whose body is not a completion: (content type, body) for a chat request's text.
     raw_200_if: Callable[[str], tuple[str, str] | None] | None = None
+    rpm_limit: int | None = None  # a real sliding-window limit on chat calls: this many ...
+    rpm_window: float = 60.0  # ... per this many seconds; a 429 says when a slot frees
 
 
 # What llama-cpp-python's server answers (HTTP 500) to a json_schema response_format.
@@ -125,6 +129,7 @@ class FakeOpenAI:
         self._lock = threading.Lock()
         self._attempts: dict[str, int] = {}
         self._faulted: dict[str, int] = {}
+        self._admitted: deque[float] = deque()  # times of the chat calls inside the window
         self._stopping = threading.Event()
         self._conns: set[socket.socket] = set()
         self._server: _Server | None = None
@@ -183,6 +188,7 @@ class FakeOpenAI:
             self._attempts.clear()
             self._faulted.clear()
             self.listings.clear()
+            self._admitted.clear()
         self.faults = Faults()
         self.quirks = Quirks()
         self.responder = None
@@ -201,7 +207,8 @@ class FakeOpenAI:
         except Exception as exc:  # a broken responder/embed should fail the test, not hang it
             out = _error(500, f"fake server crashed: {exc!r}")
         rec.status = out.status
-        self._stopping.wait(self.latency)
+        if rec.fault != "rpm_limit":  # a rate limiter refuses at the door, without inference
+            self._stopping.wait(self.latency)
         return None if self._stopping.is_set() else out
 
     def _route(self, method: str, rec: Recorded) -> _Out:
@@ -282,6 +289,11 @@ class FakeOpenAI:
     def _inject(self, rec: Recorded, text: str, key: str, *, chat: bool) -> _Out | None:
         """Set rec.fault and return the error reply it calls for; a hang only delays."""
         faults = self.faults
+        wait = self._window_wait() if chat and faults.rpm_limit else None
+        if wait is not None:
+            rec.fault = "rpm_limit"
+            headers = {"retry-after-ms": str(round(wait * 1000)), "retry-after": str(ceil(wait))}
+            return _error(429, "Rate limit reached for requests (rpm_limit).", headers=headers)
         status = faults.status_if(text) if faults.status_if else None
         if status is not None:
             rec.fault = "status_if"
@@ -298,6 +310,18 @@ class FakeOpenAI:
         if rec.fault == "hang":
             self._stopping.wait(faults.hang_seconds)  # stop() sets the event: no long wait
         return None
+
+    def _window_wait(self) -> float | None:
+        """Admit a call into the sliding window, or say how long until a slot frees."""
+        limit, window = self.faults.rpm_limit or 0, self.faults.rpm_window
+        now = time.monotonic()
+        with self._lock:
+            while self._admitted and self._admitted[0] <= now - window:
+                self._admitted.popleft()
+            if len(self._admitted) < limit:
+                self._admitted.append(now)
+                return None
+            return self._admitted[0] + window - now
 
     def _draw_fault(self, key: str, *, chat: bool) -> str | None:
         """This attempt's random fault: reproducible per (seed, body, attempt), capped per body."""

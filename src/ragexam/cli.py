@@ -6,6 +6,8 @@ Each command imports its stage when it runs, so `ragexam --help` does not load e
 from __future__ import annotations
 
 import functools
+import signal
+import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -129,6 +131,9 @@ RunJudgeControlsOpt = Annotated[  # run's --controls are the gold and closed-boo
 TextsOpt = Annotated[
     bool, _opt("--texts/--no-texts", "Record retrieved_texts and source_text in answers.csv.")
 ]
+RpmOpt = Annotated[int | None, _opt("--rpm", "Pace calls to N requests a minute.", min=1)]
+TpmOpt = Annotated[int | None, _opt("--tpm", "Pace calls to N tokens a minute.", min=1)]
+DryRunOpt = Annotated[bool, _opt("--dry-run", "Estimate calls, tokens and cost; call nothing.")]
 
 
 def handled(command: F) -> F:
@@ -137,6 +142,7 @@ def handled(command: F) -> F:
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         show_warnings()
+        sigterm_as_interrupt()
         try:
             with one_check_per_run(), Starting.show(command.__name__):
                 return command(*args, **kwargs)
@@ -159,6 +165,16 @@ def handled(command: F) -> F:
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def sigterm_as_interrupt() -> None:
+    """SIGTERM (a CI job cancelled, `kill`) stops a run the way Ctrl-C does: exit 130."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _as_sigint)
+
+
+def _as_sigint(signum: int, frame: Any) -> None:
+    signal.raise_signal(signal.SIGINT)  # asyncio's own Ctrl-C handling then winds the run down
 
 
 def store_ref(
@@ -230,6 +246,9 @@ def generate(
     check: CheckOpt = False,
     chroma_tenant: TenantOpt = None,
     chroma_database: DatabaseOpt = None,
+    rpm: RpmOpt = None,
+    tpm: TpmOpt = None,
+    dry_run: DryRunOpt = False,
 ) -> None:
     """Write one question and ground-truth answer per chunk: qa_dataset.csv."""
     from ragexam.generate import GenerateOptions, run_generate
@@ -243,6 +262,8 @@ def generate(
         structured_output=structured_output,
         chroma_tenant=chroma_tenant,
         chroma_database=chroma_database,
+        rpm=rpm,
+        tpm=tpm,
     )
     store = store_ref(chroma, chroma_url, collection, settings.store_timeout, settings)
     sampling = Sampling(sample, per_document, seed, split)
@@ -277,6 +298,9 @@ def answer(
     max_chunk_chars: MaxCharsOpt = 8000,
     chroma_tenant: TenantOpt = None,
     chroma_database: DatabaseOpt = None,
+    rpm: RpmOpt = None,
+    tpm: TpmOpt = None,
+    dry_run: DryRunOpt = False,
 ) -> None:
     """Have the RAG system answer every question, with the source chunk's rank: answers.csv."""
     from ragexam.answer import AnswerOptions, run_answer
@@ -289,6 +313,8 @@ def answer(
         max_error_rate=max_error_rate,
         chroma_tenant=chroma_tenant,
         chroma_database=chroma_database,
+        rpm=rpm,
+        tpm=tpm,
     )
     has_store = chroma is not None or chroma_url is not None
     needs_store = not rag and context != AnswerContext.none
@@ -334,6 +360,9 @@ def judge(
     force: ForceOpt = False,
     controls: JudgeControlsOpt = 10,
     seed: Annotated[int, _opt("--seed", "Seed of the controls' sample.")] = 0,
+    rpm: RpmOpt = None,
+    tpm: TpmOpt = None,
+    dry_run: DryRunOpt = False,
 ) -> None:
     """Grade every answer against its ground truth: judgments.csv (and judge_controls.csv)."""
     from ragexam.judge import JudgeOptions, run_judge
@@ -344,6 +373,8 @@ def judge(
         concurrency=concurrency,
         max_error_rate=max_error_rate,
         structured_output=structured_output,
+        rpm=rpm,
+        tpm=tpm,
     )
     options = JudgeOptions(
         out, qa_dataset, answers, limit, samples, temperature, scale, force, controls, seed
@@ -498,6 +529,9 @@ def run(
     chroma_database: DatabaseOpt = None,
     judge_controls: RunJudgeControlsOpt = 10,
     rag_timeout: RagTimeoutOpt = None,
+    rpm: RpmOpt = None,
+    tpm: TpmOpt = None,
+    dry_run: DryRunOpt = False,
 ) -> None:
     """Run every stage in order: generate, answer, judge, stats; --limit applies to each."""
     if controls and rag:

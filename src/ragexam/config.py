@@ -103,6 +103,17 @@ class Settings(BaseSettings):
     chroma_api_key: SecretStr | None = _env("chroma_api_key", "CHROMA_API_KEY")
     chroma_tenant: str | None = _env("chroma_tenant", "CHROMA_TENANT")
     chroma_database: str | None = _env("chroma_database", "CHROMA_DATABASE")
+    rate_limit_wait: float = Field(
+        600.0, ge=0, validation_alias=AliasChoices("rate_limit_wait", "RAGEXAM_RATE_LIMIT_WAIT")
+    )
+    rpm: int | None = Field(None, ge=1, validation_alias=AliasChoices("rpm", "RAGEXAM_RPM"))
+    tpm: int | None = Field(None, ge=1, validation_alias=AliasChoices("tpm", "RAGEXAM_TPM"))
+    price_input: float | None = Field(
+        None, ge=0, validation_alias=AliasChoices("price_input", "RAGEXAM_PRICE_INPUT")
+    )
+    price_output: float | None = Field(
+        None, ge=0, validation_alias=AliasChoices("price_output", "RAGEXAM_PRICE_OUTPUT")
+    )
 
     max_tokens: int | None = Field(
         None, ge=1, validation_alias=AliasChoices("max_tokens", "RAGEXAM_MAX_TOKENS")

@@ -19,18 +19,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the SDK loads with the first stage, not with the CLI's run scope
     import openai
 
+from ragexam.errors import EndpointError
+
 logger = logging.getLogger("ragexam")
 BOUND_FIELDS = ("max_tokens", "max_completion_tokens")
 REFUSAL_WORDS = ("unsupported", "not supported", "unrecognized", "unknown", "not permitted")
 LIST_TIMEOUT = 10.0
 SHOWN = 5
+UNREACHABLE_TO_STOP = 20  # the first calls of a stage, all failing to reach the endpoint
 
 
 async def listed_models(client: openai.AsyncOpenAI) -> list[str] | None:
@@ -142,3 +145,35 @@ def root_cause(exc: BaseException) -> str:
     if isinstance(inner, OSError) and inner.errno:
         return f"{os.strerror(inner.errno)} ({inner.strerror or inner})"
     return str(inner) or str(exc.__cause__ or exc)
+
+
+class Reachability:
+    """Stops a stage whose first calls all fail to reach the endpoint (or hit a wrong URL)."""
+
+    def __init__(self, base_url: str | None, redact: Callable[[str], str]) -> None:
+        self.endpoint = redact(base_url or "https://api.openai.com/v1")
+        self.redact = redact
+        self.missed = 0  # calls that failed to reach it before any reached it
+        self.ok = False
+
+    def reached(self) -> None:
+        """A call got an answer from the endpoint."""
+        self.ok = True
+
+    def failed(self, exc: Exception) -> None:
+        """Book a failed call; raise EndpointError at the UNREACHABLE_TO_STOP-th miss."""
+        import openai  # loaded by then: the call that failed went through it
+
+        timeout = isinstance(exc, openai.APITimeoutError)
+        missed = isinstance(exc, openai.APIConnectionError | openai.NotFoundError) and not timeout
+        if isinstance(exc, openai.APIStatusError) and not missed:
+            self.ok = True
+        if self.ok or not missed:
+            return
+        self.missed += 1
+        if self.missed >= UNREACHABLE_TO_STOP:
+            cause = root_cause(exc) if isinstance(exc, openai.APIConnectionError) else exc
+            raise EndpointError(
+                f"the endpoint {self.endpoint} failed the first {self.missed} calls: cannot "
+                f"connect: {self.redact(str(cause))}; check OPENAI_BASE_URL and that it is up"
+            )

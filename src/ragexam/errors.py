@@ -12,6 +12,7 @@
     │   └── OutputError       the model replied, but not with valid structured output
     ├── AuthError             the endpoint refused the key repeatedly: the run stops (exit 4)
     ├── EndpointError         an endpoint cannot be reached or refuses every call (exit 4)
+    ├── GateFailed            a quality gate (--fail-under, --fail-on-regression) failed (exit 3)
     ├── TooManyErrors         the run finished, with more error rows than allowed (exit 1)
     └── RunFolderBusy         another ragexam process is writing to the run folder
 
@@ -108,6 +109,12 @@ class EndpointError(RagexamError):
     """An endpoint cannot be reached, or refuses the call that every row needs."""
 
     exit_code = 4
+
+
+class GateFailed(RagexamError):
+    """A quality gate failed: a figure is below its bound, or a metric regressed."""
+
+    exit_code = 3
 
 
 class TooManyErrors(RagexamError):

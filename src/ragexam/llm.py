@@ -1,13 +1,15 @@
 """LLM access: ChatOpenAI with a timeout, structured output, and the project's one retry layer.
 
-Retries live here and only here: the openai SDK runs with max_retries=0, so the number of
-HTTP calls per row is at most `max_retries + 1`, whatever fails. 429, 5xx, timeouts,
-connection errors and invalid output are retried with backoff; `Retry-After` is honoured
-and pauses every worker, not just the one that was told. 400, 401, 403 and 404 are not
-retried, except that a refusal of any status naming the structured-output method's fields
-switches to the next method (json_schema or function_calling, then json_mode, then prompt)
-and retries without using up a retry (see structured.MethodChoice). Every call is bounded
-by max_tokens.
+Retries live here and only here: the openai SDK runs with max_retries=0. 5xx, timeouts,
+connection errors and invalid output are retried with backoff, at most `max_retries` times
+per row. A 429 means "not now": it is retried after the server's `Retry-After` (else a
+backoff) until the row has waited `rate_limit_wait` seconds in all, does not count against
+`max_retries`, and narrows the pacer's window of calls in flight (pacing.py). When the first
+calls of a stage all fail to reach the endpoint, the stage stops (endpoint.Reachability).
+400, 401, 403 and 404 are not retried, except that a refusal of any status naming the
+structured-output method's fields switches to the next method (json_schema or
+function_calling, then json_mode, then prompt) and retries without using up a retry (see
+structured.MethodChoice). Every call is bounded by max_tokens.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import openai
@@ -26,8 +28,9 @@ from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
 
 from ragexam.config import Settings, StructuredMethod, SystemRole
-from ragexam.endpoint import ModelCheck, ReplyBound, root_cause
+from ragexam.endpoint import ModelCheck, Reachability, ReplyBound, root_cause
 from ragexam.errors import AuthError, LLMError, OutputError
+from ragexam.pacing import Pacer, estimate_tokens
 from ragexam.prompts import system_as_user
 from ragexam.replies import InvalidReply, NoAnswer, check_reply
 from ragexam.structured import (
@@ -46,7 +49,6 @@ M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
 RETRYABLE = (
-    openai.RateLimitError,
     openai.InternalServerError,
     openai.APITimeoutError,
     openai.APIConnectionError,
@@ -55,6 +57,7 @@ RETRYABLE = (
     InvalidReply,
 )
 MAX_RETRY_AFTER = 120.0
+MAX_RATE_LIMIT_BACKOFF = 60.0
 
 
 @dataclass(frozen=True)
@@ -78,21 +81,23 @@ class Reply(Generic[T]):
         }
 
 
-class RateGate:
-    """A shared pause: after a 429, no worker sends until the server's wait is over."""
+@dataclass
+class _Row:
+    """What one row's calls have cost and met so far."""
 
-    def __init__(self) -> None:
-        self._until = 0.0
+    started: float
+    tokens: list[int] = field(default_factory=lambda: [0, 0])
+    calls: int = 0
+    failures: int = 0  # failed attempts other than 429s: these count against max_retries
+    limited: int = 0
+    waited: float = 0.0  # seconds waited on 429s
+    reason: str = "no attempt made"
+    raw: str | None = None
 
-    def hold(self, seconds: float) -> None:
-        """Pause every sender for `seconds` from now."""
-        self._until = max(self._until, time.monotonic() + seconds)
-
-    async def wait(self) -> None:
-        """Sleep until the pause, if any, is over."""
-        # A loop, not an Event: another 429 may push the deadline while we sleep.
-        while (delay := self._until - time.monotonic()) > 0:  # noqa: ASYNC110
-            await asyncio.sleep(delay)
+    def error(self, reason: str) -> LLMError:
+        """The row failed for good."""
+        tokens = (self.tokens[0], self.tokens[1])
+        return LLMError(reason, attempts=self.calls, raw=self.raw, tokens=tokens)
 
 
 class LLM:
@@ -127,10 +132,16 @@ class LLM:
         self.max_retries = settings.max_retries
         self.backoff = settings.retry_backoff
         self.redact = settings.redact
-        self.gate = RateGate()
-        self.calls = 0
+        self.pacer = Pacer(settings.concurrency, settings.rpm, settings.tpm)
+        self.rate_limit_wait = settings.rate_limit_wait
+        self.reachability = Reachability(settings.openai_base_url, self.redact)
         self.tokens = [0, 0]  # prompt and completion tokens of every call, failed ones too
         self._runnables: dict[tuple[type[BaseModel], StructuredMethod], Runnable[Any, Any]] = {}
+
+    @property
+    def calls(self) -> int:
+        """HTTP calls made so far, failed ones included."""
+        return self.pacer.traffic.calls
 
     async def aclose(self) -> None:
         """Close the HTTP connections of this model."""
@@ -158,7 +169,7 @@ class LLM:
                 conversation[:] = reask(messages, exc)
                 raise
 
-        return await self._retrying(once)
+        return await self._retrying(once, estimate_tokens(messages))
 
     async def text(self, messages: list[BaseMessage]) -> Reply[str]:
         """Ask for plain text; a reply cut off at max_tokens is re-asked, shorter."""
@@ -173,7 +184,7 @@ class LLM:
                 raise exc
             return content_of(raw), raw
 
-        return await self._retrying(once)
+        return await self._retrying(once, estimate_tokens(messages))
 
     def _shape(self, messages: list[BaseMessage]) -> list[BaseMessage]:
         return system_as_user(messages) if self.system_as_user else messages
@@ -207,40 +218,60 @@ class LLM:
         format_ = {"type": "json_schema", "json_schema": spec}
         return self.chat.bind(extra_body={**extra, "response_format": format_})
 
-    async def _retrying(self, once: Callable[[], Awaitable[tuple[T, AIMessage]]]) -> Reply[T]:
-        started, tokens, reason, raw_text = time.monotonic(), [0, 0], "no attempt made", None
+    async def _retrying(
+        self, once: Callable[[], Awaitable[tuple[T, AIMessage]]], estimate: int = 0
+    ) -> Reply[T]:
+        row = _Row(time.monotonic())
         await self.model_check.once(self.chat.root_async_client)
-        attempt = 0
-        while attempt <= self.max_retries:
-            attempt += 1
-            await self.gate.wait()
-            self.calls += 1
+        while True:
+            number = await self.pacer.acquire(estimate)
+            row.calls += 1
+            limited, delay = False, 0.0
             try:
                 value, raw = await once()
             except MethodRefused as exc:
-                reason = self.redact(describe(exc.__cause__ or exc))
-                attempt -= 1  # the refused method's fault, not the row's: the retry is free
-                continue
+                row.reason = self.redact(describe(exc.__cause__ or exc))
+                continue  # the refused method's fault, not the row's: the retry is free
             except Exception as exc:
                 if self._bound_refused(exc):
-                    reason, attempt = self.redact(describe(exc)), attempt - 1  # free, as above
+                    row.reason = self.redact(describe(exc))  # free, as above
                     continue
-                self._count(tokens, getattr(exc, "raw_message", None))
-                reason, delay = self._failure(exc, attempt, tokens)
-                raw_text = getattr(exc, "raw", None) or raw_text
-                if attempt <= self.max_retries:
-                    await asyncio.sleep(delay)
-                continue
-            self._count(tokens, raw)
-            latency = time.monotonic() - started
-            return Reply(value, tokens[0], tokens[1], attempt, latency, content_of(raw))
-        attempts = self.max_retries + 1
-        raise LLMError(
-            f"{reason} (after {attempts} attempts)",
-            attempts=attempts,
-            raw=raw_text,
-            tokens=(tokens[0], tokens[1]),
-        )
+                limited = rate_limited(exc)
+                delay = self._after_failure(exc, row, limited)
+            else:
+                self.reachability.reached()
+                self._count(row.tokens, raw)
+                latency, tokens = time.monotonic() - row.started, row.tokens
+                return Reply(value, tokens[0], tokens[1], row.calls, latency, content_of(raw))
+            finally:
+                self.pacer.release(number, limited=limited, wait=delay)
+            self.pacer.traffic.wait(delay)
+            await asyncio.sleep(delay)
+
+    def _after_failure(self, exc: Exception, row: _Row, limited: bool) -> float:
+        """Book one failed attempt; the wait before the next, or raise when the row is done."""
+        self._count(row.tokens, getattr(exc, "raw_message", None))
+        row.raw = getattr(exc, "raw", None) or row.raw
+        self.reachability.failed(exc)
+        if limited:
+            delay = retry_after(exc)
+            if delay is None:
+                backoff = self.backoff * 2**row.limited * random.uniform(0.5, 1.0)
+                delay = min(backoff, MAX_RATE_LIMIT_BACKOFF)
+            row.limited += 1
+            if row.waited + delay > self.rate_limit_wait:
+                raise row.error(
+                    f"{self.redact(describe(exc))} (still rate limited after waiting "
+                    f"{row.waited:.0f}s in all; RAGEXAM_RATE_LIMIT_WAIT sets how long)"
+                )
+            row.waited += delay
+            return delay
+        row.failures += 1
+        row.reason, delay = self._failure(exc, row.failures, row.tokens)
+        if row.failures > self.max_retries:
+            raise row.error(f"{row.reason} (after {row.calls} attempts)")
+        self.pacer.traffic.retries += 1
+        return delay
 
     def _bound_refused(self, exc: Exception) -> bool:
         """Whether a 400 refused the reply bound's field; the first one switches it."""
@@ -267,14 +298,15 @@ class LLM:
             raise AuthError(f"the endpoint refused the API key: {reason}") from None
         if isinstance(exc, NoAnswer):  # asking again would pay for the same refusal
             raise LLMError(reason, attempts=attempt, tokens=(tokens[0], tokens[1])) from None
+        if isinstance(exc, openai.RateLimitError):  # a 429 that means "no": out of quota
+            raise AuthError(f"the endpoint refused the call: {reason}; check the account's quota")
         if not isinstance(exc, RETRYABLE):
             if isinstance(exc, openai.APIError):
                 raise LLMError(reason, attempts=attempt, tokens=(tokens[0], tokens[1])) from None
             raise exc  # not an API failure: a bug, keep its traceback
         waited = retry_after(exc)
         if waited is not None:
-            self.gate.hold(waited)  # the server said how long: everyone waits
-            return reason, 0.0
+            return reason, waited
         return reason, self.backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1.0)
 
 
@@ -293,6 +325,14 @@ def describe(exc: BaseException) -> str:
     else:
         text = str(exc) or type(exc).__name__
     return " ".join(text.split())[:500]
+
+
+def rate_limited(exc: BaseException) -> bool:
+    """A 429 that means "not now", as opposed to insufficient_quota, which means "no"."""
+    if not isinstance(exc, openai.RateLimitError):
+        return False
+    body = exc.body if isinstance(exc.body, dict) else {}
+    return "insufficient_quota" not in (getattr(exc, "code", None), body.get("code"))
 
 
 def retry_after(exc: BaseException) -> float | None:

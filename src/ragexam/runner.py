@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ragexam.csvfile import RowLog, read_rows
-from ragexam.errors import AuthError, LLMError, OutputFileError, RagexamError, TooManyErrors
+from ragexam.errors import (
+    AuthError,
+    EndpointError,
+    LLMError,
+    OutputFileError,
+    RagexamError,
+    TooManyErrors,
+)
 from ragexam.fingerprint import changed_inputs, stale_rows
 from ragexam.lock import run_folder_lock
 from ragexam.manifest import manifest_room, update_manifest
@@ -204,6 +211,8 @@ class Runner:
     async def _attempt(self, task: Task, work: Work) -> dict[str, Any]:
         try:
             values = await work(task)
+        except EndpointError:
+            raise  # every row would fail the same way: stop the stage
         except AuthError as exc:
             self._auth_failures += 1
             if self._auth_failures >= AUTH_FAILURES_TO_STOP:

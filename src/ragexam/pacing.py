@@ -1,0 +1,182 @@
+"""Pacing of one model's calls: an adaptive window of calls in flight, and optional rpm/tpm limits.
+
+The window adapts the way TCP congestion control does (AIMD). Each call that succeeds widens
+it by 1/window, so a window's worth of successes adds one call in flight. A 429 shrinks it,
+at most once per round trip and only for calls sent after the last cut (as TCP's fast
+recovery treats the losses of one round trip as one), by the share of 429s among the calls
+that ended since the last cut, and by at most 1 - MIN_DECREASE. It never goes above
+--concurrency or below one call. Two more habits come from TCP: once a 429 was seen, sends
+are spread over the round trip instead of going out in bursts (pacing), and STORM 429s in a
+row (a limit reached, not bad luck) hold new calls until the server's Retry-After is over.
+
+No maintained library adapts a concurrency limit to 429s (aimd-limiter and
+adaptive-concurrency on PyPI are young single releases), so the window is written here;
+the --rpm and --tpm pacing is aiolimiter's leaky bucket, sized so it never bursts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass
+from math import ceil
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from langchain_core.messages import BaseMessage
+
+MIN_DECREASE = 0.7
+STORM = 3  # 429s in a row: the limit is reached, not bad luck
+
+
+@dataclass
+class Traffic:
+    """What one model's calls did so far, for the progress bar and the manifest."""
+
+    calls: int = 0
+    retries: int = 0
+    rate_limited: int = 0
+    pause_until: float = 0.0  # monotonic time when the longest wait under way ends
+
+    def pause(self) -> float:
+        """Seconds left of the longest wait under way (0 when none)."""
+        return max(0.0, self.pause_until - time.monotonic())
+
+    def wait(self, seconds: float) -> None:
+        """A row starts waiting `seconds` before its next attempt."""
+        self.pause_until = max(self.pause_until, time.monotonic() + seconds)
+
+    def record(self) -> dict[str, int]:
+        """The counters that go into the manifest."""
+        return {"retries": self.retries, "rate_limited": self.rate_limited}
+
+
+class Pacer:
+    """Admits calls: at most `window` in flight, and no faster than --rpm and --tpm allow."""
+
+    def __init__(self, ceiling: int, rpm: int | None = None, tpm: int | None = None) -> None:
+        self.ceiling = ceiling
+        self.window = float(ceiling)
+        self.in_flight = 0
+        self.traffic = Traffic()
+        self._sent = 0
+        self._cut_at = 0  # calls numbered up to here were sent before the last cut
+        self._since_cut = [0, 0]  # calls that ended since the last cut: ok, 429
+        self._sent_at: dict[int, float] = {}
+        self._rtt = 0.0  # smoothed duration of a successful call
+        self._next_send = 0.0  # after the first 429, sends are spread over a round trip
+        self._cut_time = 0.0
+        self._in_a_row = 0  # 429s since the last success
+        self._hold_until = 0.0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._rpm, self._tpm = _bucket(rpm, 1), _bucket(tpm, None)
+
+    async def acquire(self, tokens: int = 0) -> int:
+        """Wait for room in the window and the rate limits; the call's number, for release."""
+        if self._waiters or self.in_flight >= ceil(self.window):
+            await self._queue()
+        else:
+            self.in_flight += 1
+        try:
+            while (hold := self._hold_until - time.monotonic()) > 0:  # noqa: ASYNC110
+                await asyncio.sleep(hold)
+            if self._rpm is not None:
+                await self._rpm.acquire()
+            if self._tpm is not None and tokens:
+                await self._tpm.acquire(min(tokens, self._tpm.max_rate))
+            await self._spread()
+        except BaseException:
+            self.release(0, limited=False, counted=False)
+            raise
+        self._sent += 1
+        self.traffic.calls += 1
+        self._sent_at[self._sent] = time.monotonic()
+        return self._sent
+
+    async def _spread(self) -> None:
+        """Once a 429 was seen, space sends RTT/window apart instead of sending in bursts.
+
+        A window's worth of calls per round trip is the same rate either way, but a burst
+        is what a sliding-window limit refuses (as TCP pacing avoids bursts into queues).
+        """
+        if not self._cut_at or not self._rtt:
+            return
+        now = time.monotonic()
+        slot = max(now, self._next_send)
+        self._next_send = slot + self._rtt / self.window
+        if slot > now:
+            await asyncio.sleep(slot - now)
+
+    async def _queue(self) -> None:
+        """Wait in line; the slot is taken on our behalf when we are woken."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():  # woken and cancelled at once
+                self.release(0, limited=False, counted=False)
+            raise
+
+    def release(
+        self, number: int, *, limited: bool, wait: float = 0.0, counted: bool = True
+    ) -> None:
+        """A call ended: a 429 (`limited`, to retry after `wait` s) shrinks the window.
+
+        The cut is as deep as the share of 429s among the calls that ended since the last
+        cut, up to 1 - MIN_DECREASE: a lone 429 trims the window, a storm cuts it by 30%.
+        """
+        self.in_flight -= 1
+        sent_at = self._sent_at.pop(number, None)
+        if counted and not limited and sent_at is not None:
+            took = time.monotonic() - sent_at
+            self._rtt = took if not self._rtt else 0.8 * self._rtt + 0.2 * took
+        if counted:
+            self._since_cut[limited] += 1
+        if counted and limited:
+            self.traffic.rate_limited += 1
+            self._in_a_row += 1
+            if self._in_a_row >= STORM:  # no new call until the server has a free slot
+                self._hold_until = max(self._hold_until, time.monotonic() + wait)
+            now = time.monotonic()
+            if number > self._cut_at and now - self._cut_time >= self._rtt:
+                share = self._since_cut[1] / sum(self._since_cut)
+                self.window = max(1.0, self.window * max(MIN_DECREASE, 1 - share))
+                self._cut_at, self._since_cut, self._cut_time = self._sent, [0, 0], now
+        elif counted:
+            self._in_a_row = 0
+            self.window = min(float(self.ceiling), self.window + 1 / self.window)
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self.in_flight < ceil(self.window):
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self.in_flight += 1
+                waiter.set_result(None)
+
+
+def _bucket(per_minute: int | None, burst: int | None) -> Any:
+    """A leaky bucket for a per-minute limit: `burst` calls at a time, else a second's worth."""
+    if not per_minute:
+        return None
+    from aiolimiter import AsyncLimiter
+
+    if burst is not None:  # one call per 60/rpm seconds: never more than rpm in any minute
+        return AsyncLimiter(burst, 60 * burst / per_minute)
+    return AsyncLimiter(per_minute / 60, 1)
+
+
+def estimate_tokens(messages: list[BaseMessage]) -> int:
+    """Tokens a prompt will be billed, roughly, without a tokenizer (none works offline).
+
+    OpenAI's two rules of thumb for English, 4 characters or 3/4 of a word per token,
+    averaged, plus a few tokens of framing per message. Used by --tpm and --dry-run.
+    """
+    return sum(round(text_tokens(str(message.content))) + 4 for message in messages)
+
+
+def text_tokens(text: str) -> float:
+    """Tokens of one text by the same rules."""
+    return (len(text) / 4 + len(text.split()) * 4 / 3) / 2

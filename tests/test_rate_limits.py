@@ -1,0 +1,81 @@
+"""429s are "not now": no row is lost to them, and calls in flight adapt to a real rate limit."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import build_store, read_csv, run_cli
+from openai_server import FakeOpenAI, Faults
+from test_generate import docs
+
+# The server's limit, scaled down in time so a test takes seconds, not minutes: 60 calls per
+# 3 s is 1,200 calls a minute. Every claim below is a ratio to it, so the scale cancels out.
+LIMIT, WINDOW = 60, 3.0
+RATE = LIMIT / WINDOW  # calls per second
+ROWS = 400
+
+
+def chunk_of(text: str) -> str:
+    """The chunk a generate call asks about (its text names the fact's number)."""
+    found = re.search(r"Fact (\d+):", text)
+    assert found, text[:200]
+    return found.group(1)
+
+
+def test_429s_do_not_count_against_retries_and_lose_no_row(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = build_store(tmp_path / "store", docs(300))
+    # Up to 10 faults per request body: a row may meet many 429s, as under a real storm.
+    env.faults = Faults(rate_429=0.15, rate_500=0.05, retry_after="0", max_faults_per_body=10)
+    monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "2")
+    result = run_cli("generate", "--chroma", str(store), "--out", "run")
+    assert result.exit_code == 0, result.output
+    rows = read_csv(tmp_path / "run" / "qa_dataset.csv")
+    assert len(rows) == 300 and {row["status"] for row in rows} == {"ok"}
+    faults = Counter(request.fault for request in env.requests)
+    assert faults["429"] > 45 and faults["500"] > 10  # the storm really happened
+    other_attempts = Counter(
+        chunk_of(json.dumps(request.body)) for request in env.requests if request.fault != "429"
+    )
+    assert len(other_attempts) == 300
+    assert max(other_attempts.values()) <= 2 + 1
+    # Some row met more 429s than its whole retry budget, and still ended ok.
+    all_attempts = Counter(chunk_of(json.dumps(request.body)) for request in env.requests)
+    assert max(all_attempts.values()) > 2 + 1
+
+
+def rate_limited_run(
+    env: FakeOpenAI, tmp_path: Path, *extra: str
+) -> tuple[list[dict[str, str]], float, float]:
+    """Generate ROWS rows against the sliding-window limit: rows, calls/s, share of 429s."""
+    store = build_store(tmp_path / "store", docs(ROWS))
+    env.latency = 1.0  # 20 calls in flight fill the limit exactly
+    env.faults = Faults(rpm_limit=LIMIT, rpm_window=WINDOW)
+    args = ("generate", "--chroma", str(store), "--out", "run", "--concurrency", "64", *extra)
+    result = run_cli(*args)
+    assert result.exit_code == 0, result.output
+    rows = read_csv(tmp_path / "run" / "qa_dataset.csv")
+    record = json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["generate"]
+    limited = sum(request.fault == "rpm_limit" for request in env.requests)
+    return rows, ROWS / record["seconds"] / RATE, limited / len(env.requests)
+
+
+def test_adaptive_concurrency_settles_under_a_real_rate_limit(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    rows, throughput, limited = rate_limited_run(env, tmp_path)
+    assert len(rows) == ROWS and {row["status"] for row in rows} == {"ok"}
+    assert throughput >= 0.85, throughput
+    assert limited <= 0.20, limited
+
+
+def test_rpm_paces_calls_under_the_limit(env: FakeOpenAI, tmp_path: Path) -> None:
+    rows, throughput, limited = rate_limited_run(env, tmp_path, "--rpm", str(int(RATE * 60)))
+    assert len(rows) == ROWS and {row["status"] for row in rows} == {"ok"}
+    assert throughput >= 0.85, throughput
+    assert limited <= 0.02, limited
