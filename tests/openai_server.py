@@ -125,6 +125,7 @@ class FakeOpenAI:
         self.listings: list[Recorded] = []  # GET /v1/models, kept apart from the API calls
         self.responder: Callable[[JSON], Reply | None] | None = None
         self.embed: Callable[[str], list[float]] | None = None
+        self.count_tokens: Callable[[str], int] = _word_count  # how usage is billed
         self.requests: list[Recorded] = []
         self._lock = threading.Lock()
         self._attempts: dict[str, int] = {}
@@ -253,7 +254,7 @@ class FakeOpenAI:
         if reply.status != 200:
             return _error(reply.status, reply.error_message or "error", headers=reply.headers)
         reply = self._bounded(body, _spoil(reply, rec.fault))
-        return _Out(200, _completion(body, reply), dict(reply.headers))
+        return _Out(200, _completion(body, reply, self.count_tokens), dict(reply.headers))
 
     def _bounded(self, body: JSON, reply: Reply) -> Reply:
         """Honour max_tokens (as words); without it an endless server runs to its context."""
@@ -598,16 +599,16 @@ def _mangle(text: str) -> str:
     return text[: max(1, len(text) * 2 // 3)] + ' ",,}'
 
 
-def _completion(body: JSON, reply: Reply) -> JSON:
-    """A chat.completion object carrying reply, with word-count usage."""
+def _completion(body: JSON, reply: Reply, count: Callable[[str], int] = _word_count) -> JSON:
+    """A chat.completion object carrying reply, with usage counted by `count` (words)."""
     message: JSON = {"role": "assistant", "content": reply.content, "refusal": None}
     if reply.tool_args is not None:
         name = (_pick_tool(body) or {}).get("name", "tool")
         function = {"name": name, "arguments": reply.tool_args}
         call_id = "call_" + _sha(reply.tool_args)[:12]
         message["tool_calls"] = [{"id": call_id, "type": "function", "function": function}]
-    prompt = _word_count(_messages_text(body.get("messages") or []))
-    completion = _word_count(f"{reply.content or ''} {reply.tool_args or ''}")
+    prompt = count(_messages_text(body.get("messages") or []))
+    completion = count(f"{reply.content or ''} {reply.tool_args or ''}")
     total = prompt + completion
     choice = {"index": 0, "message": message, "finish_reason": reply.finish_reason}
     return {

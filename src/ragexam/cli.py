@@ -25,9 +25,18 @@ from ragexam.config import (
     debug_enabled,
     load_settings,
 )
-from ragexam.display import Starting, progress_bar, say, show_warnings, summary_line
+from ragexam.display import (
+    Starting,
+    cost_text,
+    progress_bar,
+    say,
+    show_estimates,
+    show_warnings,
+    summary_line,
+)
 from ragexam.endpoint import one_check_per_run
 from ragexam.errors import ConfigError, RagexamError
+from ragexam.manifest import read_manifest
 from ragexam.store import StoreRef
 
 if TYPE_CHECKING:
@@ -177,6 +186,16 @@ def _as_sigint(signum: int, frame: Any) -> None:
     signal.raise_signal(signal.SIGINT)  # asyncio's own Ctrl-C handling then winds the run down
 
 
+def show_cost(out: Path, stage: str, settings: Settings) -> None:
+    """Price what the stage billed, record it in the manifest, and say it."""
+    from ragexam.prices import record_cost
+
+    cost, price = record_cost(out, stage, settings)
+    source = price.describe() if price else "no price known for this model: set "
+    source += "" if price else "RAGEXAM_PRICE_INPUT and RAGEXAM_PRICE_OUTPUT (USD per 1M tokens)"
+    say(f"  cost: {cost_text(cost)} ({source})")
+
+
 def store_ref(
     chroma: Path | None,
     chroma_url: str | None,
@@ -268,10 +287,15 @@ def generate(
     store = store_ref(chroma, chroma_url, collection, settings.store_timeout, settings)
     sampling = Sampling(sample, per_document, seed, split)
     options = GenerateOptions(store, out, limit, doc_key, max_chunk_chars, force, sampling, check)
+    if dry_run:
+        from ragexam.dryrun import estimate_generate
+
+        return show_estimates([estimate_generate(settings, options)])
     with progress_bar("generate") as bar:
         result = run_generate(settings, options, bar)
     say_notes()
     summary_line("generate", result)
+    show_cost(out, "generate", settings)
     check_error_rate(result.path, settings.max_error_rate)
 
 
@@ -335,11 +359,16 @@ def answer(
         max_chunk_chars=max_chunk_chars,
         texts=texts,
     )
+    if dry_run:
+        from ragexam.dryrun import estimate_answer
+
+        return show_estimates([estimate_answer(settings, options)])
     with progress_bar("answer") as bar:
         result = run_answer(settings, options, bar)
     note = f"{result.skipped} questions skipped: they are errors in the qa dataset"
     say_notes()
     summary_line("answer", result, note if result.skipped else None)
+    show_cost(out, "answer", settings)
     check_error_rate(result.path, settings.max_error_rate)
 
 
@@ -379,10 +408,15 @@ def judge(
     options = JudgeOptions(
         out, qa_dataset, answers, limit, samples, temperature, scale, force, controls, seed
     )
+    if dry_run:
+        from ragexam.dryrun import estimate_judge
+
+        return show_estimates([estimate_judge(settings, options)])
     with progress_bar("judge") as bar:
         result = run_judge(settings, options, bar)
     note = f"{result.skipped} answers skipped: they are errors in the answers file"
     summary_line("judge", result, note if result.skipped else None)
+    show_cost(out, "judge", settings)
     if controls:
         _judge_controls(settings, options)
     check_error_rate(result.path, settings.max_error_rate)
@@ -539,6 +573,8 @@ def run(
             "--controls answer with the built-in answerer, which is not your --rag system: "
             "their completeness would compare two answerers; run them without --rag"
         )
+    if dry_run:
+        return _estimate_run(chroma, chroma_url, collection, out, k, rag, limit, model, samples)
     generate(
         chroma=chroma,
         chroma_url=chroma_url,
@@ -559,6 +595,8 @@ def run(
         max_chunk_chars=max_chunk_chars,
         chroma_tenant=chroma_tenant,
         chroma_database=chroma_database,
+        rpm=rpm,
+        tpm=tpm,
     )
     answer(
         chroma=chroma,
@@ -580,6 +618,8 @@ def run(
         trust_store_endpoint=trust_store_endpoint,
         context=context,
         rag_timeout=rag_timeout,
+        rpm=rpm,
+        tpm=tpm,
     )
     judge(
         out=out,
@@ -594,6 +634,8 @@ def run(
         force=force,
         seed=seed,
         controls=judge_controls,
+        rpm=rpm,
+        tpm=tpm,
     )
     for folder, kind in CONTROL_RUNS.items() if controls else ():
         answer(
@@ -624,6 +666,31 @@ def run(
             controls=0,  # the judge's known-answer controls are graded once, in the exam run
         )
     stats(out=out, k=k, seed=seed, exclude_flagged=exclude_flagged)
+    say(f"run cost: {cost_text(read_manifest(out).get('cost_usd'))}")
+
+
+def _estimate_run(
+    chroma: Path | None,
+    chroma_url: str | None,
+    collection: str | None,
+    out: Path,
+    k: int,
+    rag: str | None,
+    limit: int | None,
+    model: str | None,
+    samples: int,
+) -> None:
+    from ragexam.answer import AnswerOptions
+    from ragexam.dryrun import estimate_run
+    from ragexam.generate import GenerateOptions
+    from ragexam.judge import JudgeOptions
+
+    settings = load_settings(generate_model=model, answer_model=model, judge_model=model)
+    store = store_ref(chroma, chroma_url, collection)
+    first = GenerateOptions(store, out, limit)
+    second = AnswerOptions(store, out, None, k, None, rag)
+    third = JudgeOptions(out, samples=samples)
+    show_estimates(estimate_run(settings, first, second, third))
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ from rich.status import Status
 from rich.text import Text
 
 if TYPE_CHECKING:
+    from ragexam.dryrun import Estimate
     from ragexam.runner import StageResult
 
 err = Console(stderr=True)
@@ -162,3 +163,24 @@ def summary_line(stage: str, result: StageResult, skipped_note: str | None = Non
         say(f"  {count} x {reason}")
     if skipped_note:
         say(f"  {skipped_note}")
+
+
+def cost_text(cost: float | None) -> str:
+    """Dollars as people read them, or "unknown" (never $0 for a price nobody knows)."""
+    if cost is None:
+        return "unknown"
+    return f"${cost:,.2f}" if cost >= 1 else f"${cost:.4f}"
+
+
+def show_estimates(estimates: list[Estimate]) -> None:
+    """What --dry-run found, a line per stage, and the total."""
+    for e in estimates:
+        say(
+            f"{e.stage}: {e.rows} rows to do, {e.calls} calls, ~{e.input_tokens:,} tokens in + "
+            f"~{e.output_tokens:,} out, {cost_text(e.cost_usd)} ({e.model})"
+        )
+    costs = [e.cost_usd for e in estimates]
+    if len(estimates) > 1:
+        total = None if None in costs else sum(c or 0.0 for c in costs)
+        say(f"total: {sum(e.calls for e in estimates)} calls, {cost_text(total)}")
+    say("dry run: no call was made")

@@ -9,6 +9,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from langchain_core.messages import BaseMessage
 from pydantic import BaseModel, Field, field_validator
 
 from ragexam.config import Settings
@@ -141,8 +142,7 @@ class GeneratePlan:
         text: str = task.payload
         if not text.strip():  # nothing to ask about: an error row, and no paid call
             raise RowError("the chunk is empty or whitespace only; nothing to ask about")
-        values = self.prompt.fill(chunk=text, document=str(task.known["document"]))
-        reply = await self.llm.structured(self.prompt.template.format_messages(**values), QAPair)
+        reply = await self.llm.structured(self.messages(task), QAPair)
         question, truth = reply.value.question, reply.value.answer
         flags = cheap_flags(question, truth, int(task.known["chunk_chars"]), self.seen)
         self.seen.add(normalise(question))
@@ -163,6 +163,11 @@ class GeneratePlan:
         assert self.critic is not None
         values = self.critic.fill(chunk=chunk, question=question, answer=truth)
         return await self.llm.structured(self.critic.template.format_messages(**values), Critique)
+
+    def messages(self, task: Task) -> list[BaseMessage]:
+        """The prompt that asks about the task's chunk."""
+        values = self.prompt.fill(chunk=task.payload, document=str(task.known["document"]))
+        return self.prompt.template.format_messages(**values)
 
     async def preflight(self) -> None:
         """Nothing to check beyond what run_generate did."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from langchain_core.messages import BaseMessage
 from pydantic import BaseModel, Field
 
 from ragexam.answer import ANSWERS_FILE
@@ -270,14 +271,7 @@ class JudgePlan:
         exam: Exam = task.payload
         if exam.question is None or exam.ground_truth is None:
             raise RowError("no ok question with this qa_id in the qa dataset: nothing to grade by")
-        messages = self.prompt.template.format_messages(
-            **self.prompt.fill(
-                question=exam.question,
-                ground_truth=exam.ground_truth,
-                answer=exam.answer,
-                scale=Delimited(self.scale_note),
-            )
-        )
+        messages = self.messages(exam)
         replies: list[Reply[Any]] = []
         failure: LLMError | None = None
         spent = [0, 0, 0]  # prompt and completion tokens, and attempts, of the failed samples
@@ -296,6 +290,16 @@ class JudgePlan:
             failure.tokens, failure.attempts = (spent[0], spent[1]), spent[2]  # every sample's
             raise failure
         return self._row(replies, failure)
+
+    def messages(self, exam: Exam) -> list[BaseMessage]:
+        """The prompt that grades one answer."""
+        values = self.prompt.fill(
+            question=exam.question or "",
+            ground_truth=exam.ground_truth or "",
+            answer=exam.answer,
+            scale=Delimited(self.scale_note),
+        )
+        return self.prompt.template.format_messages(**values)
 
     def _row(self, replies: list[Reply[Any]], failure: LLMError | None) -> dict[str, Any]:
         completeness = [reply.value.completeness / self.divisor for reply in replies]

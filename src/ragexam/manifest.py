@@ -75,6 +75,15 @@ def update_manifest(
     return path
 
 
+def set_run_field(out: Path, name: str, value: Any) -> Path:
+    """Set one figure of the run as a whole (such as its cost) in `manifest.json`."""
+    path = out / "manifest.json"
+    manifest = read_manifest(out)
+    manifest[name] = value
+    _write(path, json.dumps(manifest, indent=2, default=str) + "\n")
+    return path
+
+
 def _write(path: Path, text: str) -> None:
     with atomic_file(path) as handle:
         handle.write(text)

@@ -1,0 +1,166 @@
+"""Cost in dollars, after a run and before it (--dry-run), through the CLI."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import build_store, run_cli
+from langchain_core.documents import Document
+from openai_server import FakeOpenAI
+from test_generate import docs
+from test_judge import exam
+
+# gpt-4o-mini's list price, USD per million tokens (OpenAI's pricing page).
+MINI_INPUT, MINI_OUTPUT = 0.15, 0.60
+ESTIMATE = re.compile(
+    r"(\w+): (\d+) rows to do, (\d+) calls, ~([\d,]+) tokens in \+ ~([\d,]+) out, (\S+)"
+)
+
+
+def gpt_like_tokens(text: str) -> int:
+    """Bill as GPT tokenizers roughly do on English: each word, number or punctuation mark.
+
+    (GPT's pre-tokenizer splits text this way, and common English words are one token.)
+    The estimate under test counts characters and words instead, so it cannot just agree.
+    """
+    return max(1, len(re.findall(r"\w+|[^\w\s]", text)))
+
+
+def estimates(output: str) -> dict[str, dict[str, Any]]:
+    """The --dry-run lines, by stage."""
+    found = {}
+    for stage, rows, calls, tokens_in, tokens_out, cost in ESTIMATE.findall(output):
+        found[stage] = {
+            "rows": int(rows),
+            "calls": int(calls),
+            "input": int(tokens_in.replace(",", "")),
+            "tokens": int(tokens_in.replace(",", "")) + int(tokens_out.replace(",", "")),
+            "cost": cost,
+        }
+    return found
+
+
+def manifest(run: Path) -> dict[str, Any]:
+    """The run folder's manifest."""
+    data: dict[str, Any] = json.loads((run / "manifest.json").read_text())
+    return data
+
+
+def billed(record: dict[str, Any]) -> int:
+    """Tokens a stage's calls were billed, both ways."""
+    return int(record["tokens_billed"]["prompt"]) + int(record["tokens_billed"]["completion"])
+
+
+def test_generate_dry_run_calls_nothing_and_its_estimate_holds(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    env.count_tokens = gpt_like_tokens
+    chunks = docs(60)
+    chunks[45].page_content = "   "  # an empty chunk is an error row, made without a call
+    store = build_store(tmp_path / "store", chunks)
+    first = run_cli("generate", "--chroma", str(store), "--out", "run", "--limit", "20")
+    assert first.exit_code == 0, first.output
+    before = env.count()
+    dry = run_cli("generate", "--chroma", str(store), "--out", "run", "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert env.count() == before  # not one chat call
+    guess = estimates(dry.output)["generate"]
+    assert (guess["rows"], guess["calls"]) == (40, 39)  # 60 - 20 done; one of them empty
+    assert guess["cost"].startswith("$")
+    real = run_cli("generate", "--chroma", str(store), "--out", "run")
+    assert real.exit_code == 0, real.output
+    assert env.count() - before == guess["calls"]
+    tokens = billed(manifest(tmp_path / "run")["stages"]["generate"])
+    assert abs(guess["tokens"] - tokens) <= 0.15 * tokens, (guess["tokens"], tokens)
+
+
+def test_judge_dry_run_counts_samples_exactly(env: FakeOpenAI, tmp_path: Path) -> None:
+    env.count_tokens = gpt_like_tokens
+    exam(tmp_path / "run", 30)
+    fresh = run_cli("judge", "--out", "run", "--samples", "3", "--dry-run")
+    assert fresh.exit_code == 0, fresh.output
+    first = estimates(fresh.output)["judge"]
+    assert (first["rows"], first["calls"]) == (30, 90)
+    assert run_cli("judge", "--out", "run", "--samples", "3", "--limit", "6").exit_code == 0
+    prompt_tokens = manifest(tmp_path / "run")["stages"]["judge"]["tokens_billed"]["prompt"]
+    # Before any grade exists the output is a default guess; the input is estimated.
+    assert abs(first["input"] / 90 - prompt_tokens / 18) <= 0.15 * prompt_tokens / 18
+    assert env.count() == 18
+    dry = run_cli("judge", "--out", "run", "--samples", "3", "--dry-run")
+    assert env.count() == 18  # not one chat call
+    guess = estimates(dry.output)["judge"]
+    assert (guess["rows"], guess["calls"]) == (24, 72)
+    assert run_cli("judge", "--out", "run", "--samples", "3").exit_code == 0
+    assert env.count() == 18 + 72
+    tokens = billed(manifest(tmp_path / "run")["stages"]["judge"])
+    assert abs(guess["tokens"] - tokens) <= 0.15 * tokens, (guess["tokens"], tokens)
+
+
+def test_run_dry_run_estimates_every_stage_with_samples(env: FakeOpenAI, tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", docs(12))
+    dry = run_cli("run", "--chroma", str(store), "--out", "run", "--samples", "2", "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert env.count() == 0 and env.count("/embeddings") == 0
+    found = estimates(dry.output)
+    assert [found[s]["calls"] for s in ("generate", "answer", "judge")] == [12, 12, 24]
+    assert "total: 48 calls" in dry.output
+    assert not (tmp_path / "run" / "qa_dataset.csv").exists()
+
+
+def test_a_known_model_costs_dollars_in_the_manifest_and_on_screen(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    store = build_store(tmp_path / "store", docs(10))
+    result = run_cli("generate", "--chroma", str(store), "--out", "run", "--model", "gpt-4o-mini")
+    assert result.exit_code == 0, result.output
+    record = manifest(tmp_path / "run")["stages"]["generate"]
+    tokens = record["tokens_billed"]
+    expected = (tokens["prompt"] * MINI_INPUT + tokens["completion"] * MINI_OUTPUT) / 1e6
+    assert tokens["prompt"] > 0 and record["cost_usd"] == pytest.approx(expected)
+    assert manifest(tmp_path / "run")["cost_usd"] == pytest.approx(expected)
+    assert f"cost: ${expected:.4f}" in result.output
+
+
+def test_an_unknown_model_is_unknown_and_the_overrides_price_it(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = build_store(tmp_path / "store", docs(10))
+    args = ("generate", "--chroma", str(store), "--model", "my-local-llama", "--out")
+    unknown = run_cli(*args, "run")
+    assert unknown.exit_code == 0, unknown.output
+    assert "cost: unknown" in unknown.output and "$0" not in unknown.output
+    assert manifest(tmp_path / "run")["stages"]["generate"]["cost_usd"] is None
+    assert manifest(tmp_path / "run")["cost_usd"] is None
+    monkeypatch.setenv("RAGEXAM_PRICE_INPUT", "2")
+    monkeypatch.setenv("RAGEXAM_PRICE_OUTPUT", "8")
+    priced = run_cli(*args, "priced")
+    assert priced.exit_code == 0, priced.output
+    record = manifest(tmp_path / "priced")["stages"]["generate"]
+    tokens = record["tokens_billed"]
+    expected = (tokens["prompt"] * 2 + tokens["completion"] * 8) / 1e6
+    assert tokens["prompt"] > 0 and record["cost_usd"] == pytest.approx(expected)
+
+
+def test_run_records_each_stage_cost_and_the_total(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env.embedding_dim = 16
+    monkeypatch.setenv("RAGEXAM_PRICE_INPUT", "1")
+    monkeypatch.setenv("RAGEXAM_PRICE_OUTPUT", "4")
+    store = build_store(tmp_path / "store", [Document(d.page_content, id=d.id) for d in docs(8)])
+    args = ("--chroma", str(store), "--out", "run", "--embedding", "openai:embedder")
+    result = run_cli("run", *args, "--model", "my-local-llama")
+    assert result.exit_code == 0, result.output
+    stages = manifest(tmp_path / "run")["stages"]
+    costs = []
+    for name in ("generate", "answer", "judge"):
+        record = stages[name]
+        expected = (record["prompt_tokens"] + 4 * record["completion_tokens"]) / 1e6
+        assert record["cost_usd"] == pytest.approx(expected) and expected > 0
+        costs.append(expected)
+    assert manifest(tmp_path / "run")["cost_usd"] == pytest.approx(sum(costs))
+    assert "run cost: $" in result.output
