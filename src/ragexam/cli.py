@@ -143,6 +143,12 @@ TextsOpt = Annotated[
 RpmOpt = Annotated[int | None, _opt("--rpm", "Pace calls to N requests a minute.", min=1)]
 TpmOpt = Annotated[int | None, _opt("--tpm", "Pace calls to N tokens a minute.", min=1)]
 DryRunOpt = Annotated[bool, _opt("--dry-run", "Estimate calls, tokens and cost; call nothing.")]
+FailUnderOpt = Annotated[
+    str | None, _opt("--fail-under", "Exit 3 if an overall figure is below: METRIC=VALUE,...")
+]
+RegressionOpt = Annotated[
+    bool, _opt("--fail-on-regression", "Exit 3 if a metric's 95% CI is wholly below zero.")
+]
 
 
 def handled(command: F) -> F:
@@ -445,14 +451,17 @@ def stats(
     seed: SeedOpt = 0,
     split: StatsSplitOpt = None,
     exclude_flagged: ExcludeFlaggedOpt = False,
+    fail_under: FailUnderOpt = None,
 ) -> None:
     """Summarise per source document: summary_by_document.csv, summary.csv, report.html."""
     from rich.console import Console
 
     from ragexam.controlcharts import control_line
+    from ragexam.gates import check_bounds, parse_bounds
     from ragexam.report import terminal_table
     from ragexam.stats import StatsOptions, run_stats
 
+    bounds = parse_bounds(fail_under) if fail_under is not None else None
     result = run_stats(StatsOptions(out, k, seed, split, exclude_flagged))
     Starting.clear()  # the table goes to stdout: no transient line may be drawn over it
     Console().print(terminal_table(result))
@@ -466,6 +475,8 @@ def stats(
             "changed since; they count as pending: rerun judge"
         )
     say(f"report: {result.paths['report']}")
+    if bounds:
+        check_bounds({str(k): v for k, v in result.overall.iloc[0].items()}, bounds)
 
 
 @app.command()
@@ -475,11 +486,13 @@ def compare(
     run_b: Annotated[Path, typer.Argument(help="The later run folder.")],
     out: Annotated[Path | None, _opt("--out", "Where comparison.csv goes [RUN_B].")] = None,
     seed: SeedOpt = 0,
+    fail_on_regression: RegressionOpt = False,
 ) -> None:
     """Did the change help? Paired differences per metric and document: comparison.csv."""
     from rich.console import Console
 
     from ragexam.compare import comparison_table, run_compare
+    from ragexam.gates import check_regressions
 
     result = run_compare(run_a, run_b, out or run_b, seed)
     Starting.clear()
@@ -487,6 +500,8 @@ def compare(
         say(f"Warning: {warning}")
     Console().print(comparison_table(result))
     say(f"comparison: {result.path}")
+    if fail_on_regression:
+        check_regressions(result.table)
 
 
 @app.command()

@@ -1,0 +1,74 @@
+"""Quality gates for CI: an overall figure under its bound, or a metric that surely got worse."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import pandas as pd
+
+from ragexam.errors import ConfigError, GateFailed
+
+
+def parse_bounds(text: str) -> dict[str, float]:
+    """`completeness=0.7,hit_rate=0.8` as {metric: lowest acceptable value}."""
+    bounds = {}
+    for part in filter(None, (piece.strip() for piece in text.split(","))):
+        name, sep, value = part.partition("=")
+        try:
+            bounds[name.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not name.strip():
+            raise ConfigError(f"--fail-under: {part!r} is not METRIC=VALUE, e.g. completeness=0.7")
+    if not bounds:
+        raise ConfigError("--fail-under needs METRIC=VALUE[,METRIC=VALUE...]")
+    return bounds
+
+
+def check_bounds(overall: Mapping[str, object], bounds: Mapping[str, float]) -> None:
+    """Raise GateFailed naming every overall figure below its bound (or without a value).
+
+    A metric may be named as in summary.csv (`completeness_mean`) or without `_mean`.
+    """
+    columns = {name: _column(name, overall) for name in bounds}
+    unknown = sorted(name for name, column in columns.items() if column not in overall)
+    if unknown:
+        numeric = [name for name, value in overall.items() if isinstance(value, float | int)]
+        raise ConfigError(
+            f"--fail-under: no overall figure named {', '.join(unknown)}; "
+            f"summary.csv has {', '.join(sorted(numeric))}"
+        )
+    failed = []
+    for name, bound in bounds.items():
+        value = _number(overall[columns[name]])
+        if value is None:
+            failed.append(f"{name} has no value (bound {bound:g})")
+        elif value < bound:
+            failed.append(f"{name} {value:.3f} < {bound:g}")
+    if failed:
+        raise GateFailed(f"quality gate failed: {'; '.join(failed)}")
+
+
+def check_regressions(table: pd.DataFrame) -> None:
+    """Raise GateFailed when any metric's paired 95% CI over all questions is wholly below 0."""
+    overall = table[table["document"] == "ALL"]
+    worse = overall[overall["ci_high"] < 0]
+    if not worse.empty:
+        named = [
+            f"{row.metric} {row.diff:+.3f} (95% CI {row.ci_low:+.3f} to {row.ci_high:+.3f})"
+            for row in worse.itertuples()
+        ]
+        raise GateFailed(f"regression from run A to run B: {'; '.join(named)}")
+
+
+def _column(name: str, overall: Mapping[str, object]) -> str:
+    return f"{name}_mean" if name not in overall and f"{name}_mean" in overall else name
+
+
+def _number(value: object) -> float | None:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(number) else number

@@ -1,0 +1,114 @@
+"""Exit codes a CI job can act on: gates (3), a dead endpoint (4), SIGTERM (130)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import build_store, read_csv, run_cli
+from openai_server import FakeOpenAI
+from test_compare import BASE, write_run
+from test_generate import docs
+
+# The crafted runs of test_compare: completeness (i % 3) * 0.25, so its mean is 0.25; of the
+# 24 questions only the 4 with three-character ids have their chunk at rank 1: hit rate 1/6.
+
+
+def test_stats_passes_a_gate_it_meets(tmp_path: Path) -> None:
+    write_run(tmp_path / "a", BASE)
+    result = run_cli("stats", "--out", str(tmp_path / "a"), "--fail-under", "completeness=0.25")
+    assert result.exit_code == 0, result.output
+
+
+def test_stats_exits_3_naming_the_figure_below_its_bound(tmp_path: Path) -> None:
+    write_run(tmp_path / "a", BASE)
+    gates = "completeness=0.3,hit_rate=0.16,mrr=0.2"
+    result = run_cli("stats", "--out", str(tmp_path / "a"), "--fail-under", gates)
+    assert result.exit_code == 3, result.output
+    assert "completeness 0.250 < 0.3" in result.output and "mrr 0.167 < 0.2" in result.output
+    assert "hit_rate" not in result.output.split("quality gate failed")[1]
+    assert (tmp_path / "a" / "summary.csv").exists()  # the summary is written all the same
+
+
+@pytest.mark.parametrize("gates", ["completeness", "completeness=high", "loudness=0.5"])
+def test_a_malformed_gate_is_a_usage_error(tmp_path: Path, gates: str) -> None:
+    write_run(tmp_path / "a", BASE)
+    result = run_cli("stats", "--out", str(tmp_path / "a"), "--fail-under", gates)
+    assert result.exit_code == 2, result.output
+    assert "--fail-under" in result.output
+
+
+def test_compare_fails_on_a_sure_regression_only(tmp_path: Path) -> None:
+    a = write_run(tmp_path / "a", BASE)
+    worse = write_run(tmp_path / "worse", {qa_id: score / 2 for qa_id, score in BASE.items()})
+    better = write_run(tmp_path / "better", {qa_id: score + 0.25 for qa_id, score in BASE.items()})
+    assert run_cli("compare", str(a), str(worse)).exit_code == 0  # no gate asked for
+    failed = run_cli("compare", str(a), str(worse), "--fail-on-regression")
+    assert failed.exit_code == 3, failed.output
+    assert "regression from run A to run B: completeness -0.125" in failed.output
+    assert run_cli("compare", str(a), str(better), "--fail-on-regression").exit_code == 0
+
+
+def closed_port() -> int:
+    """A local port nothing listens on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_an_unreachable_endpoint_stops_the_stage_with_exit_4(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = build_store(tmp_path / "store", docs(300))
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    monkeypatch.setenv("OPENAI_BASE_URL", url)
+    result = run_cli("generate", "--chroma", str(store), "--out", "run")
+    assert result.exit_code == 4, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(lines) == 1 and url in lines[0] and "first 20 calls" in lines[0]
+    assert "connect" in lines[0].lower()
+    assert len(read_csv(tmp_path / "run" / "qa_dataset.csv")) < 20  # not 300 error rows
+
+
+def test_sigterm_is_an_interrupt_that_keeps_every_finished_row(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    store = build_store(tmp_path / "store", docs(120))
+    env.latency = 0.1
+    args = ["generate", "--chroma", str(store), "--out", "run", "--concurrency", "4"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ragexam.cli", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    output = tmp_path / "run" / "qa_dataset.csv"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and _lines(output) < 21:
+        time.sleep(0.02)
+    os.kill(process.pid, signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "Interrupted" in stderr
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["stages"]["generate"]["status"] == "interrupted"
+    kept = read_csv(output)
+    assert 20 <= len(kept) < 120 and {row["status"] for row in kept} == {"ok"}
+    calls = env.count()
+    env.latency = 0.0
+    assert run_cli(*args).exit_code == 0
+    assert env.count() - calls == 120 - len(kept)  # the kept rows are not asked again
+
+
+def _lines(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
