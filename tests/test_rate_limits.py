@@ -79,3 +79,24 @@ def test_rpm_paces_calls_under_the_limit(env: FakeOpenAI, tmp_path: Path) -> Non
     assert len(rows) == ROWS and {row["status"] for row in rows} == {"ok"}
     assert throughput >= 0.85, throughput
     assert limited <= 0.02, limited
+
+
+def test_a_log_gets_plain_progress_lines_with_429s_and_the_pause(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("ragexam.display.PLAIN_EVERY", 0.2)  # 10 s in real use
+    store = build_store(tmp_path / "store", docs(40))
+    env.latency = 0.05
+    env.faults = Faults(rate_429=0.3, retry_after="1", max_faults_per_body=1)
+    result = run_cli("generate", "--chroma", str(store), "--out", "run", "--concurrency", "4")
+    assert result.exit_code == 0, result.output
+    line = re.compile(
+        r"^generate: (\d+)/40 rows, 0 errors, [\d.]+ rows/s, 0 retries, (\d+) 429s, pausing 1s$"
+    )
+    found = [match for match in map(line.match, result.output.splitlines()) if match]
+    assert found, result.output
+    assert any(int(match.group(2)) > 0 for match in found)
+    done = [int(match.group(1)) for match in found]
+    assert done == sorted(done)  # rows done only go up
+    record = json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["generate"]
+    assert record["rate_limited"] == sum(request.fault == "429" for request in env.requests)

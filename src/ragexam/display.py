@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -24,6 +26,7 @@ from rich.text import Text
 
 if TYPE_CHECKING:
     from ragexam.dryrun import Estimate
+    from ragexam.pacing import Traffic
     from ragexam.runner import StageResult
 
 err = Console(stderr=True)
@@ -34,6 +37,7 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 def printable(text: str) -> str:
     """Text with control characters (terminal escapes among them) shown as '?'."""
     return _CONTROL.sub("?", text)
+PLAIN_EVERY = 10.0  # seconds between plain progress lines when stderr is not a terminal
 
 
 def say(text: str, wrap: bool = False) -> None:
@@ -94,10 +98,32 @@ class RateColumn(ProgressColumn):
         return Text(f"{task.speed:.1f} rows/s now" if task.speed else "- rows/s now")
 
 
-class BarProgress:
-    """A rich progress bar on stderr: rows done, errors, rows per second.
+def traffic_text(traffic: Traffic | None) -> str:
+    """Retries, 429s and the current pause, e.g. `2 retries, 15 429s, pausing 4s`."""
+    if traffic is None:
+        return ""
+    text = f"{traffic.retries} retries, {traffic.rate_limited} 429s"
+    pause = traffic.pause()
+    return f"{text}, pausing {pause:.0f}s" if pause >= 0.5 else text
 
-    It appears only when the run starts, so a fail-fast error stays one line.
+
+class TrafficColumn(ProgressColumn):
+    """What the calls meet: retries, 429s, and the longest wait under way."""
+
+    def __init__(self, progress: BarProgress) -> None:
+        super().__init__()
+        self.progress = progress
+
+    def render(self, task: Task) -> Text:
+        """The traffic counters, read live."""
+        return Text(traffic_text(self.progress.traffic), style="yellow")
+
+
+class BarProgress:
+    """A rich progress bar on stderr: rows done, errors, rows/s, retries, 429s, the pause.
+
+    It appears only when the run starts, so a fail-fast error stays one line. When stderr
+    is not a terminal (CI logs), a plain line is printed every PLAIN_EVERY seconds instead.
     """
 
     def __init__(self, label: str) -> None:
@@ -107,12 +133,39 @@ class BarProgress:
             MofNCompleteColumn(),
             TextColumn("[red]{task.fields[errors]} errors"),
             RateColumn(),
+            TrafficColumn(self),
             TimeElapsedColumn(),
             TimeRemainingColumn(),
         )
         self.bar = Progress(*columns, console=err)
         self.label, self.errors, self.started = label, 0, False
         self.task = self.bar.add_task(label, errors=0, start=False)
+        self.traffic: Traffic | None = None
+        self._stop = threading.Event()
+        self._began = time.monotonic()
+
+    def watch(self, traffic: Traffic) -> None:
+        """Show these counters of the stage's calls."""
+        self.traffic = traffic
+
+    def stop(self) -> None:
+        """Take the bar down, or end the plain lines."""
+        self._stop.set()
+        if self.started:  # stopping a bar that never started prints a blank line
+            self.bar.stop()
+
+    def _plain_lines(self) -> None:
+        while not self._stop.wait(PLAIN_EVERY):
+            say(self.plain_line())
+
+    def plain_line(self) -> str:
+        """One line of progress for logs."""
+        task = self.bar.tasks[0]
+        done, total = int(task.completed), "?" if task.total is None else int(task.total)
+        rate = done / max(time.monotonic() - self._began, 1e-9)
+        parts = [f"{done}/{total} rows", f"{self.errors} errors", f"{rate:.1f} rows/s"]
+        parts += [traffic_text(self.traffic)] if self.traffic else []
+        return f"{self.label}: {', '.join(parts)}"
 
     def start(self, total: int | None, done_before: int) -> None:
         """Show the bar; rows already done are mentioned, not counted."""
@@ -120,6 +173,10 @@ class BarProgress:
         Starting.clear()
         self.bar.update(self.task, total=total, description=note)
         self.bar.start_task(self.task)
+        self._began = time.monotonic()
+        if not err.is_terminal:
+            threading.Thread(target=self._plain_lines, name="progress", daemon=True).start()
+            return
         self.bar.start()
         self.started = True
 
@@ -136,8 +193,7 @@ def progress_bar(label: str) -> Iterator[BarProgress]:
     try:
         yield progress
     finally:
-        if progress.started:  # stopping a bar that never started prints a blank line
-            progress.bar.stop()
+        progress.stop()
 
 
 def summary_line(stage: str, result: StageResult, skipped_note: str | None = None) -> None:

@@ -26,6 +26,7 @@ from ragexam.errors import (
 from ragexam.fingerprint import changed_inputs, stale_rows
 from ragexam.lock import run_folder_lock
 from ragexam.manifest import manifest_room, update_manifest
+from ragexam.pacing import Traffic
 
 # Columns the runner fills for every stage, after the stage's own.
 RUN_COLUMNS = (
@@ -120,6 +121,9 @@ class Progress(Protocol):
 
     def advance(self, ok: bool) -> None:
         """One row landed."""
+
+    def watch(self, traffic: Traffic) -> None:
+        """The counters of the stage's calls (retries, 429s, the current pause), to show."""
 
 
 class Runner:
@@ -323,10 +327,13 @@ def _execute(
     total, tasks = plan.tasks(done)
     update_manifest(how.out, stage.name, {**record, "status": "running"})
 
+    traffic = _traffic(plan)
+
     async def main() -> None:
         try:
             await plan.preflight()
             if progress is not None:
+                progress.watch(traffic)
                 progress.start(total, len(done))
             await runner.run(tasks, plan.work)
         finally:
@@ -340,7 +347,7 @@ def _execute(
         status = "interrupted"
         raise
     finally:
-        figures = {**plan.figures(), **runner.outcome.record()}
+        figures = {**plan.figures(), **runner.outcome.record(), **traffic.record()}
         try:
             final = {**record, **figures, "status": status}
             update_manifest(how.out, stage.name, final, last=True)
@@ -348,6 +355,12 @@ def _execute(
             if status == "finished":
                 raise  # otherwise the error that stopped the run is the one to show
     return runner.outcome
+
+
+def _traffic(plan: Plan) -> Traffic:
+    """The counters of the plan's chat model, if it has one (a custom RAG has none)."""
+    llm = getattr(plan, "llm", None)
+    return llm.pacer.traffic if llm is not None else Traffic()
 
 
 async def _aiter(tasks: Iterable[Task] | AsyncIterator[Task]) -> AsyncIterator[Task]:
