@@ -95,6 +95,7 @@ class Recorded:
     headers: dict[str, str]
     status: int = 0  # 0 while the reply is still pending (e.g. during a hang)
     fault: str | None = None
+    at: float = field(default_factory=time.monotonic)  # when it arrived
 
 
 @dataclass

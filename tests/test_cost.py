@@ -78,36 +78,55 @@ def test_generate_dry_run_calls_nothing_and_its_estimate_holds(
     assert abs(guess["tokens"] - tokens) <= 0.15 * tokens, (guess["tokens"], tokens)
 
 
-def test_judge_dry_run_counts_samples_exactly(env: FakeOpenAI, tmp_path: Path) -> None:
+def test_judge_dry_run_counts_samples_and_controls_exactly(env: FakeOpenAI, tmp_path: Path) -> None:
     env.count_tokens = gpt_like_tokens
     exam(tmp_path / "run", 30)
-    fresh = run_cli("judge", "--out", "run", "--samples", "3", "--dry-run")
+    grade = ("judge", "--out", "run", "--samples", "3")
+    fresh = run_cli(*grade, "--controls", "2", "--dry-run")
     assert fresh.exit_code == 0, fresh.output
-    first = estimates(fresh.output)["judge"]
-    assert (first["rows"], first["calls"]) == (30, 90)
-    assert run_cli("judge", "--out", "run", "--samples", "3", "--limit", "6").exit_code == 0
+    first = estimates(fresh.output)
+    assert (first["judge"]["rows"], first["judge"]["calls"]) == (30, 90)
+    # 2 questions x 4 kinds of known answer (several documents: each has a donor) x 3 samples
+    assert (first["judge_controls"]["rows"], first["judge_controls"]["calls"]) == (8, 24)
+    assert run_cli(*grade, "--limit", "6", "--controls", "0").exit_code == 0
+    assert env.count() == 18
     prompt_tokens = manifest(tmp_path / "run")["stages"]["judge"]["tokens_billed"]["prompt"]
     # Before any grade exists the output is a default guess; the input is estimated.
-    assert abs(first["input"] / 90 - prompt_tokens / 18) <= 0.15 * prompt_tokens / 18
-    assert env.count() == 18
-    dry = run_cli("judge", "--out", "run", "--samples", "3", "--dry-run")
+    assert abs(first["judge"]["input"] / 90 - prompt_tokens / 18) <= 0.15 * prompt_tokens / 18
+    dry = run_cli(*grade, "--controls", "2", "--dry-run")
     assert env.count() == 18  # not one chat call
-    guess = estimates(dry.output)["judge"]
-    assert (guess["rows"], guess["calls"]) == (24, 72)
-    assert run_cli("judge", "--out", "run", "--samples", "3").exit_code == 0
-    assert env.count() == 18 + 72
+    guess = estimates(dry.output)
+    assert (guess["judge"]["rows"], guess["judge"]["calls"]) == (24, 72)
+    assert guess["judge_controls"]["calls"] == 24
+    assert run_cli(*grade, "--controls", "2").exit_code == 0
+    assert env.count() == 18 + 72 + 24
     tokens = billed(manifest(tmp_path / "run")["stages"]["judge"])
-    assert abs(guess["tokens"] - tokens) <= 0.15 * tokens, (guess["tokens"], tokens)
+    assert abs(guess["judge"]["tokens"] - tokens) <= 0.15 * tokens, (guess["judge"], tokens)
 
 
-def test_run_dry_run_estimates_every_stage_with_samples(env: FakeOpenAI, tmp_path: Path) -> None:
+def test_run_dry_run_estimates_every_stage_with_samples_and_controls(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
     store = build_store(tmp_path / "store", docs(12))
-    dry = run_cli("run", "--chroma", str(store), "--out", "run", "--samples", "2", "--dry-run")
+    args = ("run", "--chroma", str(store), "--out", "run", "--samples", "2", "--controls")
+    dry = run_cli(*args, "--dry-run")
     assert dry.exit_code == 0, dry.output
     assert env.count() == 0 and env.count("/embeddings") == 0
-    found = estimates(dry.output)
-    assert [found[s]["calls"] for s in ("generate", "answer", "judge")] == [12, 12, 24]
-    assert "total: 48 calls" in dry.output
+    found = {stage: figures["calls"] for stage, figures in estimates(dry.output).items()}
+    # 12 chunks: 12 questions and answers, each graded twice; the judge's known-answer
+    # controls: 10 questions (the default) x 4 kinds x 2 samples; then the gold and
+    # closed-book control runs answer and grade the 12 questions again (no known answers).
+    assert found == {
+        "generate": 12,
+        "answer": 12,
+        "judge": 24,
+        "judge_controls": 80,
+        "answer_gold": 12,
+        "judge_gold": 24,
+        "answer_closed_book": 12,
+        "judge_closed_book": 24,
+    }
+    assert "total: 200 calls" in dry.output
     assert not (tmp_path / "run" / "qa_dataset.csv").exists()
 
 
@@ -157,7 +176,7 @@ def test_run_records_each_stage_cost_and_the_total(
     assert result.exit_code == 0, result.output
     stages = manifest(tmp_path / "run")["stages"]
     costs = []
-    for name in ("generate", "answer", "judge"):
+    for name in ("generate", "answer", "judge", "judge_controls"):
         record = stages[name]
         expected = (record["prompt_tokens"] + 4 * record["completion_tokens"]) / 1e6
         assert record["cost_usd"] == pytest.approx(expected) and expected > 0

@@ -60,9 +60,11 @@ def rate_limited_run(
     result = run_cli(*args)
     assert result.exit_code == 0, result.output
     rows = read_csv(tmp_path / "run" / "qa_dataset.csv")
-    record = json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["generate"]
-    limited = sum(request.fault == "rpm_limit" for request in env.requests)
-    return rows, ROWS / record["seconds"] / RATE, limited / len(env.requests)
+    chats = [request for request in env.requests if request.path.endswith("/chat/completions")]
+    limited = sum(request.fault == "rpm_limit" for request in chats)
+    # From the first chat call to the last reply: the time the limit was in force.
+    seconds = chats[-1].at - chats[0].at + env.latency
+    return rows, ROWS / seconds / RATE, limited / len(chats)
 
 
 def test_adaptive_concurrency_settles_under_a_real_rate_limit(

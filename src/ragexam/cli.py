@@ -40,6 +40,8 @@ from ragexam.manifest import read_manifest
 from ragexam.store import StoreRef
 
 if TYPE_CHECKING:
+    from ragexam.answer import AnswerOptions
+    from ragexam.generate import GenerateOptions
     from ragexam.judge import JudgeOptions
 
 app = typer.Typer(
@@ -417,7 +419,7 @@ def judge(
     if dry_run:
         from ragexam.dryrun import estimate_judge
 
-        return show_estimates([estimate_judge(settings, options)])
+        return show_estimates(estimate_judge(settings, options))
     with progress_bar("judge") as bar:
         result = run_judge(settings, options, bar)
     note = f"{result.skipped} answers skipped: they are errors in the answers file"
@@ -437,6 +439,7 @@ def _judge_controls(settings: Settings, options: JudgeOptions) -> None:
     with progress_bar("judge controls") as bar:
         result = run_controls(settings, options, bar)
     summary_line("judge controls", result)
+    show_cost(options.out, "judge_controls", settings)
     verdict = read_verdict(options.out)
     if verdict is not None:
         say(verdict.message())
@@ -589,7 +592,17 @@ def run(
             "their completeness would compare two answerers; run them without --rag"
         )
     if dry_run:
-        return _estimate_run(chroma, chroma_url, collection, out, k, rag, limit, model, samples)
+        from ragexam.answer import AnswerOptions
+        from ragexam.generate import GenerateOptions
+        from ragexam.judge import JudgeOptions
+        from ragexam.sampling import Sampling
+
+        store = store_ref(chroma, chroma_url, collection)
+        sampling = Sampling(sample, per_document, seed, split)
+        first = GenerateOptions(store, out, limit, doc_key, 8000, force, sampling, check)
+        second = AnswerOptions(store, out, None, k, None, rag, force)
+        third = JudgeOptions(out, samples=samples, force=force, seed=seed)
+        return _estimate_run(model, controls, first, second, third)
     generate(
         chroma=chroma,
         chroma_url=chroma_url,
@@ -665,6 +678,8 @@ def run(
             max_error_rate=max_error_rate,
             force=force,
             context=kind,
+            rpm=rpm,
+            tpm=tpm,
         )
         judge(
             out=out / folder,
@@ -679,33 +694,25 @@ def run(
             structured_output=structured_output,
             force=force,
             controls=0,  # the judge's known-answer controls are graded once, in the exam run
+            samples=samples,
+            rpm=rpm,
+            tpm=tpm,
         )
     stats(out=out, k=k, seed=seed, exclude_flagged=exclude_flagged)
     say(f"run cost: {cost_text(read_manifest(out).get('cost_usd'))}")
 
 
 def _estimate_run(
-    chroma: Path | None,
-    chroma_url: str | None,
-    collection: str | None,
-    out: Path,
-    k: int,
-    rag: str | None,
-    limit: int | None,
     model: str | None,
-    samples: int,
+    control_runs: bool,
+    generate: GenerateOptions,
+    answer: AnswerOptions,
+    judge: JudgeOptions,
 ) -> None:
-    from ragexam.answer import AnswerOptions
     from ragexam.dryrun import estimate_run
-    from ragexam.generate import GenerateOptions
-    from ragexam.judge import JudgeOptions
 
     settings = load_settings(generate_model=model, answer_model=model, judge_model=model)
-    store = store_ref(chroma, chroma_url, collection)
-    first = GenerateOptions(store, out, limit)
-    second = AnswerOptions(store, out, None, k, None, rag)
-    third = JudgeOptions(out, samples=samples)
-    show_estimates(estimate_run(settings, first, second, third))
+    show_estimates(estimate_run(settings, generate, answer, judge, control_runs))
 
 
 def main() -> None:

@@ -231,10 +231,11 @@ class LLM:
                 value, raw = await once()
             except MethodRefused as exc:
                 row.reason = self.redact(describe(exc.__cause__ or exc))
-                continue  # the refused method's fault, not the row's: the retry is free
+                row.calls -= 1  # the refused method's fault, not the row's: the retry is free
+                continue
             except Exception as exc:
                 if self._bound_refused(exc):
-                    row.reason = self.redact(describe(exc))  # free, as above
+                    row.reason, row.calls = self.redact(describe(exc)), row.calls - 1  # free
                     continue
                 limited = rate_limited(exc)
                 delay = self._after_failure(exc, row, limited)

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 MIN_DECREASE = 0.7
 STORM = 3  # 429s in a row: the limit is reached, not bad luck
+MARGIN = 0.95  # --rpm and --tpm pace at this share of the limit given
 
 
 @dataclass
@@ -157,11 +158,16 @@ class Pacer:
                 waiter.set_result(None)
 
 
-def _bucket(per_minute: int | None, burst: int | None) -> Any:
-    """A leaky bucket for a per-minute limit: `burst` calls at a time, else a second's worth."""
-    if not per_minute:
+def _bucket(limit: int | None, burst: int | None) -> Any:
+    """A leaky bucket for a per-minute limit: `burst` calls at a time, else a second's worth.
+
+    It runs at MARGIN of the limit: sends paced exactly at it are tipped over by timer jitter.
+    """
+    if not limit:
         return None
     from aiolimiter import AsyncLimiter
+
+    per_minute = limit * MARGIN
 
     if burst is not None:  # one call per 60/rpm seconds: never more than rpm in any minute
         return AsyncLimiter(burst, 60 * burst / per_minute)
