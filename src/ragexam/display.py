@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from ragexam.runner import StageResult
 
 err = Console(stderr=True)
+PLAIN_EVERY = 10.0  # seconds between plain progress lines when stderr is not a terminal
 # C0 and C1 control characters, DEL included; tab and newline are kept.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
@@ -37,7 +38,6 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 def printable(text: str) -> str:
     """Text with control characters (terminal escapes among them) shown as '?'."""
     return _CONTROL.sub("?", text)
-PLAIN_EVERY = 10.0  # seconds between plain progress lines when stderr is not a terminal
 
 
 def say(text: str, wrap: bool = False) -> None:

@@ -7,7 +7,8 @@ recovery treats the losses of one round trip as one), by the share of 429s among
 that ended since the last cut, and by at most 1 - MIN_DECREASE. It never goes above
 --concurrency or below one call. Two more habits come from TCP: once a 429 was seen, sends
 are spread over the round trip instead of going out in bursts (pacing), and STORM 429s in a
-row (a limit reached, not bad luck) hold new calls until the server's Retry-After is over.
+row (a limit reached, not bad luck) hold new calls until the server's Retry-After is over,
+and cut the window once more, so that the calls let go after the hold are not a burst.
 
 No maintained library adapts a concurrency limit to 429s (aimd-limiter and
 adaptive-concurrency on PyPI are young single releases), so the window is written here;
@@ -138,8 +139,9 @@ class Pacer:
         if counted and limited:
             self.traffic.rate_limited += 1
             self._in_a_row += 1
-            if self._in_a_row >= STORM:  # no new call until the server has a free slot
+            if self._in_a_row == STORM:  # no new call until the server has a free slot,
                 self._hold_until = max(self._hold_until, time.monotonic() + wait)
+                self.window = max(1.0, self.window * MIN_DECREASE)  # and fewer after it
             now = time.monotonic()
             if number > self._cut_at and now - self._cut_time >= self._rtt:
                 share = self._since_cut[1] / sum(self._since_cut)
