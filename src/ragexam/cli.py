@@ -599,9 +599,11 @@ def run(
 
         store = store_ref(chroma, chroma_url, collection)
         sampling = Sampling(sample, per_document, seed, split)
-        first = GenerateOptions(store, out, limit, doc_key, 8000, force, sampling, check)
-        second = AnswerOptions(store, out, None, k, None, rag, force)
-        third = JudgeOptions(out, samples=samples, force=force, seed=seed)
+        first = GenerateOptions(store, out, limit, doc_key, max_chunk_chars, force, sampling, check)
+        second = AnswerOptions(store, out, None, k, limit, rag, force)
+        third = JudgeOptions(
+            out, limit=limit, samples=samples, force=force, controls=judge_controls, seed=seed
+        )
         return _estimate_run(model, controls, first, second, third)
     generate(
         chroma=chroma,
@@ -694,7 +696,6 @@ def run(
             structured_output=structured_output,
             force=force,
             controls=0,  # the judge's known-answer controls are graded once, in the exam run
-            samples=samples,
             rpm=rpm,
             tpm=tpm,
         )
