@@ -199,9 +199,10 @@ def show_cost(out: Path, stage: str, settings: Settings) -> None:
     from ragexam.prices import record_cost
 
     cost, price = record_cost(out, stage, settings)
-    source = price.describe() if price else "no price known for this model: set "
-    source += "" if price else "RAGEXAM_PRICE_INPUT and RAGEXAM_PRICE_OUTPUT (USD per 1M tokens)"
-    say(f"  cost: {cost_text(cost)} ({source})")
+    if price is None:
+        say("  cost: unknown: set RAGEXAM_PRICE_INPUT and RAGEXAM_PRICE_OUTPUT (USD/1M tokens)")
+    else:
+        say(f"  cost: {cost_text(cost)} ({price.short()})")
 
 
 def store_ref(
@@ -584,6 +585,7 @@ def run(
     rpm: RpmOpt = None,
     tpm: TpmOpt = None,
     dry_run: DryRunOpt = False,
+    fail_under: FailUnderOpt = None,
 ) -> None:
     """Run every stage in order: generate, answer, judge, stats; --limit applies to each."""
     if controls and rag:
@@ -591,6 +593,10 @@ def run(
             "--controls answer with the built-in answerer, which is not your --rag system: "
             "their completeness would compare two answerers; run them without --rag"
         )
+    if fail_under is not None:  # a malformed gate fails before any paid call
+        from ragexam.gates import parse_bounds
+
+        parse_bounds(fail_under)
     if dry_run:
         from ragexam.answer import AnswerOptions
         from ragexam.generate import GenerateOptions
@@ -699,8 +705,8 @@ def run(
             rpm=rpm,
             tpm=tpm,
         )
-    stats(out=out, k=k, seed=seed, exclude_flagged=exclude_flagged)
     say(f"run cost: {cost_text(read_manifest(out).get('cost_usd'))}")
+    stats(out=out, k=k, seed=seed, exclude_flagged=exclude_flagged, fail_under=fail_under)
 
 
 def _estimate_run(

@@ -31,6 +31,11 @@ class Price:
         """Dollars for this many tokens."""
         return (input_tokens * self.input + output_tokens * self.output) / PER
 
+    def short(self) -> str:
+        """E.g. `$0.15/$0.6 per 1M tokens in/out, genai-prices`, for one screen line."""
+        where = self.source.split(":")[0].split(",")[0]
+        return f"${self.input:g}/${self.output:g} per 1M tokens in/out, {where}"
+
     def describe(self) -> str:
         """E.g. `$0.15 in / $0.60 out per 1M tokens (genai-prices: openai gpt-4o-mini)`."""
         return f"${self.input:g} in / ${self.output:g} out per 1M tokens ({self.source})"
