@@ -46,6 +46,8 @@ class Faults:
     raw_200_if: Callable[[str], tuple[str, str] | None] | None = None
     rpm_limit: int | None = None  # a real sliding-window limit on chat calls: this many ...
     rpm_window: float = 60.0  # ... per this many seconds; a 429 says when a slot frees
+    tpm_limit: int | None = None  # a sliding-window limit on prompt tokens (count_tokens) ...
+    tpm_window: float = 60.0  # ... per this many seconds
 
 
 # What llama-cpp-python's server answers (HTTP 500) to a json_schema response_format.
@@ -132,6 +134,7 @@ class FakeOpenAI:
         self._attempts: dict[str, int] = {}
         self._faulted: dict[str, int] = {}
         self._admitted: deque[float] = deque()  # times of the chat calls inside the window
+        self._billed: deque[tuple[float, int]] = deque()  # (time, prompt tokens) inside it
         self._stopping = threading.Event()
         self._conns: set[socket.socket] = set()
         self._server: _Server | None = None
@@ -191,6 +194,7 @@ class FakeOpenAI:
             self._faulted.clear()
             self.listings.clear()
             self._admitted.clear()
+            self._billed.clear()
         self.faults = Faults()
         self.quirks = Quirks()
         self.responder = None
@@ -209,7 +213,8 @@ class FakeOpenAI:
         except Exception as exc:  # a broken responder/embed should fail the test, not hang it
             out = _error(500, f"fake server crashed: {exc!r}")
         rec.status = out.status
-        if rec.fault != "rpm_limit":  # a rate limiter refuses at the door, without inference
+        # A rate limiter refuses at the door, without inference.
+        if rec.fault not in ("rpm_limit", "tpm_limit"):
             self._stopping.wait(self.latency)
         return None if self._stopping.is_set() else out
 
@@ -293,9 +298,10 @@ class FakeOpenAI:
         faults = self.faults
         wait = self._window_wait() if chat and faults.rpm_limit else None
         if wait is not None:
-            rec.fault = "rpm_limit"
-            headers = {"retry-after-ms": str(round(wait * 1000)), "retry-after": str(ceil(wait))}
-            return _error(429, "Rate limit reached for requests (rpm_limit).", headers=headers)
+            return _refused(rec, "rpm_limit", wait, "requests")
+        wait = self._token_wait(self.count_tokens(text)) if chat and faults.tpm_limit else None
+        if wait is not None:
+            return _refused(rec, "tpm_limit", wait, "tokens")
         status = faults.status_if(text) if faults.status_if else None
         if status is not None:
             rec.fault = "status_if"
@@ -324,6 +330,23 @@ class FakeOpenAI:
                 self._admitted.append(now)
                 return None
             return self._admitted[0] + window - now
+
+    def _token_wait(self, tokens: int) -> float | None:
+        """Admit a call's prompt tokens into the sliding window, or say when they would fit."""
+        limit, window = self.faults.tpm_limit or 0, self.faults.tpm_window
+        now = time.monotonic()
+        with self._lock:
+            while self._billed and self._billed[0][0] <= now - window:
+                self._billed.popleft()
+            used = sum(billed for _, billed in self._billed)
+            if used + tokens <= limit:
+                self._billed.append((now, tokens))
+                return None
+            for at, billed in self._billed:  # the oldest calls leave the window first
+                used -= billed
+                if used + tokens <= limit:
+                    return at + window - now
+            return window  # larger than the whole limit: never admitted
 
     def _draw_fault(self, key: str, *, chat: bool) -> str | None:
         """This attempt's random fault: reproducible per (seed, body, attempt), capped per body."""
@@ -437,6 +460,13 @@ def _content_text(content: Any) -> str:
     if isinstance(content, list):  # multi-part content: keep the text parts
         return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
     return "" if content is None else str(content)
+
+
+def _refused(rec: Recorded, fault: str, wait: float, what: str) -> _Out:
+    """A rate limit's 429, saying when a slot frees."""
+    rec.fault = fault
+    headers = {"retry-after-ms": str(round(wait * 1000)), "retry-after": str(ceil(wait))}
+    return _error(429, f"Rate limit reached for {what} ({fault}).", headers=headers)
 
 
 def _messages_text(messages: list[JSON]) -> str:

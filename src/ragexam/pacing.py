@@ -12,7 +12,9 @@ and cut the window once more, so that the calls let go after the hold are not a 
 
 No maintained library adapts a concurrency limit to 429s (aimd-limiter and
 adaptive-concurrency on PyPI are young single releases), so the window is written here;
-the --rpm and --tpm pacing is aiolimiter's leaky bucket, sized so it never bursts.
+the --rpm pacing is aiolimiter's leaky bucket, sized so it never bursts. --tpm books each
+call's tokens on a schedule instead (GCRA): a bucket must hold the largest call, and that
+much at once is a burst that a sliding-window limit shorter than a minute refuses.
 """
 
 from __future__ import annotations
@@ -67,12 +69,14 @@ class Pacer:
         self._since_cut = [0, 0]  # calls that ended since the last cut: ok, 429
         self._sent_at: dict[int, float] = {}
         self._rtt = 0.0  # smoothed duration of a successful call
-        self._next_send = 0.0  # after the first 429, sends are spread over a round trip
+        self._spacing = _Schedule()  # after the first 429, sends are spread over a round trip
         self._cut_time = 0.0
         self._in_a_row = 0  # 429s since the last success
         self._hold_until = 0.0
         self._waiters: deque[asyncio.Future[None]] = deque()
-        self._rpm, self._tpm = _bucket(rpm, 1), _bucket(tpm, None)
+        self._rpm = _bucket(rpm)
+        self._tokens = _Schedule()
+        self._tpm = tpm * MARGIN / 60 if tpm else 0.0  # tokens a second
 
     async def acquire(self, tokens: int = 0) -> int:
         """Wait for room in the window and the rate limits; the call's number, for release."""
@@ -85,8 +89,8 @@ class Pacer:
                 await asyncio.sleep(hold)
             if self._rpm is not None:
                 await self._rpm.acquire()
-            if self._tpm is not None and tokens:
-                await self._tpm.acquire(min(tokens, self._tpm.max_rate))
+            if self._tpm and tokens:
+                await self._tokens.book(tokens / self._tpm)
             await self._spread()
         except BaseException:
             self.release(0, limited=False, counted=False)
@@ -102,13 +106,8 @@ class Pacer:
         A window's worth of calls per round trip is the same rate either way, but a burst
         is what a sliding-window limit refuses (as TCP pacing avoids bursts into queues).
         """
-        if not self._cut_at or not self._rtt:
-            return
-        now = time.monotonic()
-        slot = max(now, self._next_send)
-        self._next_send = slot + self._rtt / self.window
-        if slot > now:
-            await asyncio.sleep(slot - now)
+        if self._cut_at and self._rtt:
+            await self._spacing.book(self._rtt / self.window)
 
     async def _queue(self) -> None:
         """Wait in line; the slot is taken on our behalf when we are woken."""
@@ -160,20 +159,31 @@ class Pacer:
                 waiter.set_result(None)
 
 
-def _bucket(limit: int | None, burst: int | None) -> Any:
-    """A leaky bucket for a per-minute limit: `burst` calls at a time, else a second's worth.
+class _Schedule:
+    """Sends spaced out in time: each booking holds the schedule for its `seconds`."""
+
+    def __init__(self) -> None:
+        self.free_at = 0.0
+
+    async def book(self, seconds: float) -> None:
+        """Wait for the next free slot, and hold the schedule `seconds` after it."""
+        now = time.monotonic()
+        slot = max(now, self.free_at)
+        self.free_at = slot + seconds
+        if slot > now:
+            await asyncio.sleep(slot - now)
+
+
+def _bucket(rpm: int | None) -> Any:
+    """A leaky bucket of one call per 60/rpm seconds: never more than rpm in any minute.
 
     It runs at MARGIN of the limit: sends paced exactly at it are tipped over by timer jitter.
     """
-    if not limit:
+    if not rpm:
         return None
     from aiolimiter import AsyncLimiter
 
-    per_minute = limit * MARGIN
-
-    if burst is not None:  # one call per 60/rpm seconds: never more than rpm in any minute
-        return AsyncLimiter(burst, 60 * burst / per_minute)
-    return AsyncLimiter(per_minute / 60, 1)
+    return AsyncLimiter(1, 60 / (rpm * MARGIN))
 
 
 def estimate_tokens(messages: list[BaseMessage]) -> int:
