@@ -1,7 +1,8 @@
 """Pacing of one model's calls: an adaptive window of calls in flight, and optional rpm/tpm limits.
 
 The window adapts the way TCP congestion control does (AIMD). Each call that succeeds widens
-it by 1/window, so a window's worth of successes adds one call in flight. A 429 shrinks it,
+it by 1/window, so a window's worth of successes adds one call in flight (a quarter of one
+once a 429 was seen: a sliding window remembers an overshoot, so growth is slow). A 429 shrinks it,
 at most once per round trip and only for calls sent after the last cut (as TCP's fast
 recovery treats the losses of one round trip as one), by the share of 429s among the calls
 that ended since the last cut, and by at most 1 - MIN_DECREASE. It never goes above
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
 MIN_DECREASE = 0.7
 STORM = 3  # 429s in a row: the limit is reached, not bad luck
+GROWTH_AFTER_429 = 0.25  # once a limit was met, a round trip of successes adds 1/4 call
 MARGIN = 0.95  # --rpm and --tpm pace at this share of the limit given
 
 
@@ -148,7 +150,8 @@ class Pacer:
                 self._cut_at, self._since_cut, self._cut_time = self._sent, [0, 0], now
         elif counted:
             self._in_a_row = 0
-            self.window = min(float(self.ceiling), self.window + 1 / self.window)
+            growth = (GROWTH_AFTER_429 if self._cut_at else 1.0) / self.window
+            self.window = min(float(self.ceiling), self.window + growth)
         self._wake()
 
     def _wake(self) -> None:
