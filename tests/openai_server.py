@@ -98,6 +98,7 @@ class Recorded:
     status: int = 0  # 0 while the reply is still pending (e.g. during a hang)
     fault: str | None = None
     at: float = field(default_factory=time.monotonic)  # when it arrived
+    usage: dict[str, int] | None = None  # what a chat completion billed (its `usage`)
 
 
 @dataclass
@@ -260,7 +261,9 @@ class FakeOpenAI:
         if reply.status != 200:
             return _error(reply.status, reply.error_message or "error", headers=reply.headers)
         reply = self._bounded(body, _spoil(reply, rec.fault))
-        return _Out(200, _completion(body, reply, self.count_tokens), dict(reply.headers))
+        completion = _completion(body, reply, self.count_tokens)
+        rec.usage = completion["usage"]
+        return _Out(200, completion, dict(reply.headers))
 
     def _bounded(self, body: JSON, reply: Reply) -> Reply:
         """Honour max_tokens (as words); without it an endless server runs to its context."""

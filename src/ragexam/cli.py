@@ -9,7 +9,9 @@ import functools
 import signal
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -36,7 +38,6 @@ from ragexam.display import (
 )
 from ragexam.endpoint import one_check_per_run
 from ragexam.errors import ConfigError, RagexamError
-from ragexam.manifest import read_manifest
 from ragexam.store import StoreRef
 
 if TYPE_CHECKING:
@@ -431,6 +432,19 @@ def judge(
     check_error_rate(result.path, settings.max_error_rate)
 
 
+_verdict_in_stats: ContextVar[bool] = ContextVar("verdict_in_stats", default=False)
+
+
+@contextmanager
+def _verdict_said_by_stats() -> Iterator[None]:
+    """In `run`, the judge's verdict is said once, by stats, beside the scores it qualifies."""
+    token = _verdict_in_stats.set(True)
+    try:
+        yield
+    finally:
+        _verdict_in_stats.reset(token)
+
+
 def _judge_controls(settings: Settings, options: JudgeOptions) -> None:
     """Grade the judge's known-answer controls and say in one line how it did."""
     from ragexam.judge import run_controls
@@ -442,7 +456,7 @@ def _judge_controls(settings: Settings, options: JudgeOptions) -> None:
     summary_line("judge controls", result)
     show_cost(options.out, "judge_controls", settings)
     verdict = read_verdict(options.out)
-    if verdict is not None:
+    if verdict is not None and not _verdict_in_stats.get():
         say(verdict.message())
     check_error_rate(result.path, settings.max_error_rate)
 
@@ -657,22 +671,23 @@ def run(
         rpm=rpm,
         tpm=tpm,
     )
-    judge(
-        out=out,
-        samples=samples,
-        temperature=temperature,
-        scale=scale,
-        limit=limit,
-        concurrency=concurrency,
-        model=model,
-        max_error_rate=max_error_rate,
-        structured_output=structured_output,
-        force=force,
-        seed=seed,
-        controls=judge_controls,
-        rpm=rpm,
-        tpm=tpm,
-    )
+    with _verdict_said_by_stats():
+        judge(
+            out=out,
+            samples=samples,
+            temperature=temperature,
+            scale=scale,
+            limit=limit,
+            concurrency=concurrency,
+            model=model,
+            max_error_rate=max_error_rate,
+            structured_output=structured_output,
+            force=force,
+            seed=seed,
+            controls=judge_controls,
+            rpm=rpm,
+            tpm=tpm,
+        )
     for folder, kind in CONTROL_RUNS.items() if controls else ():
         answer(
             chroma=chroma,
@@ -705,8 +720,16 @@ def run(
             rpm=rpm,
             tpm=tpm,
         )
-    say(f"run cost: {cost_text(read_manifest(out).get('cost_usd'))}")
+    _show_run_cost(out)
     stats(out=out, k=k, seed=seed, exclude_flagged=exclude_flagged, fail_under=fail_under)
+
+
+def _show_run_cost(out: Path) -> None:
+    """Say what every stage of the run cost in all, the control runs' included."""
+    from ragexam.display import run_cost_line
+    from ragexam.prices import record_total
+
+    say(run_cost_line(record_total(out)), wrap=True)
 
 
 def _estimate_run(

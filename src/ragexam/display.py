@@ -27,6 +27,7 @@ from rich.text import Text
 if TYPE_CHECKING:
     from ragexam.dryrun import Estimate
     from ragexam.pacing import Traffic
+    from ragexam.prices import RunCost
     from ragexam.runner import StageResult
 
 err = Console(stderr=True)
@@ -226,6 +227,21 @@ def cost_text(cost: float | None) -> str:
     if cost is None:
         return "unknown"
     return f"${cost:,.2f}" if cost >= 1 else f"${cost:.4f}"
+
+
+def run_cost_line(cost: RunCost) -> str:
+    """The run's total over every stage, or "unknown" with the priced part labelled as such."""
+    runs = sorted({name.split("/")[0] for name in cost.stages if "/" in name})
+    within = f" ({' and '.join(runs)} runs included)" if runs else ""
+    if cost.total is not None:
+        return f"run cost: {cost_text(cost.total)}, {len(cost.stages)} stages{within}"
+    unpriced = ", ".join(cost.unpriced)
+    if len(cost.unpriced) == len(cost.stages):
+        return f"run cost: unknown: no price for {unpriced}; set RAGEXAM_PRICE_INPUT/OUTPUT"
+    return (
+        f"run cost: unknown: no price for {unpriced}; "
+        f"the priced stages alone: {cost_text(cost.priced)}"
+    )
 
 
 def show_estimates(estimates: list[Estimate]) -> None:

@@ -17,6 +17,7 @@ from ragexam.config import Settings
 from ragexam.manifest import read_manifest, set_run_field, update_manifest
 
 PER = 1_000_000  # prices are per million tokens
+CONTROL_FOLDERS = ("gold", "closed_book")  # `run --controls` writes these inside its folder
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,49 @@ def record_cost(out: Path, stage: str, settings: Settings) -> tuple[float | None
     cost = price.cost(int(billed["prompt"]), int(billed["completion"])) if price else None
     priced = {"cost_usd": cost, "price": price.describe() if price else None}
     update_manifest(out, stage, {**record, **priced})
-    stages = read_manifest(out)["stages"].values()
-    costs = [entry["cost_usd"] for entry in stages if "cost_usd" in entry]
-    set_run_field(out, "cost_usd", None if None in costs else sum(costs))
+    record_total(out)
+    if out.name in CONTROL_FOLDERS and (out.parent / "manifest.json").exists():
+        record_total(out.parent)  # a control run's cost is part of its run's
     return cost, price
+
+
+@dataclass(frozen=True)
+class RunCost:
+    """What each priced stage of a run folder cost, its control runs' folders included."""
+
+    stages: dict[str, float | None]  # "generate", ..., "gold/answer": None when unknown
+
+    @property
+    def total(self) -> float | None:
+        """The sum, or None when any stage's price is unknown: never a partial sum."""
+        costs = list(self.stages.values())
+        return None if None in costs else sum(cost or 0.0 for cost in costs)
+
+    @property
+    def unpriced(self) -> list[str]:
+        """The stages whose price is unknown."""
+        return [name for name, cost in self.stages.items() if cost is None]
+
+    @property
+    def priced(self) -> float:
+        """What the stages with a known price cost: a part, when some are unpriced."""
+        return sum(cost for cost in self.stages.values() if cost is not None)
+
+
+def run_cost(out: Path) -> RunCost:
+    """The cost of every stage recorded in OUT, then in OUT/gold and OUT/closed_book."""
+    stages: dict[str, float | None] = {}
+    for folder, prefix in [(out, ""), *((out / name, f"{name}/") for name in CONTROL_FOLDERS)]:
+        recorded = read_manifest(folder).get("stages", {})
+        for stage, entry in recorded.items() if isinstance(recorded, dict) else ():
+            if isinstance(entry, dict) and "cost_usd" in entry:
+                stages[prefix + stage] = entry["cost_usd"]
+    return RunCost(stages)
+
+
+def record_total(out: Path) -> RunCost:
+    """Write the run folder's total to its manifest: cost_usd, and the stages it covers."""
+    cost = run_cost(out)
+    set_run_field(out, "cost_usd", cost.total)
+    set_run_field(out, "cost_stages", list(cost.stages))
+    return cost
