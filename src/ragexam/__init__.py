@@ -20,6 +20,7 @@ class _Package(types.ModuleType):
 
 sys.modules[__name__].__class__ = _Package
 
-from ragexam.api import Result, answer, compare, generate, judge, run, stats  # noqa: E402
+from ragexam.api import Result, answer, compare, generate, judge, stats  # noqa: E402
+from ragexam.pipeline import run  # noqa: E402
 
 __all__ = ["Result", "__version__", "answer", "compare", "generate", "judge", "run", "stats"]

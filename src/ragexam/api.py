@@ -21,12 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ragexam.config import AnswerContext, Scale, Settings, StructuredMethod, load_settings
-from ragexam.store import StoreRef
+from ragexam.commands import answer_setup, generate_setup, judge_setup
+from ragexam.config import AnswerContext, Scale, Settings, StructuredMethod
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from ragexam.dryrun import Estimate
     from ragexam.runner import StageResult
 
 T = TypeVar("T")
@@ -73,21 +74,23 @@ def _in_own_loop(call: Callable[[], T]) -> T:
         return pool.submit(call).result()
 
 
-def _store(
-    chroma: PathLike | None, chroma_url: str | None, collection: str | None, settings: Settings
-) -> StoreRef:
-    from ragexam.cli import store_ref
-
-    path = Path(chroma) if chroma is not None else None
-    return store_ref(path, chroma_url, collection, settings.store_timeout, settings)
-
-
-def _stage(result: StageResult, name: str, limit: float) -> Result:
+def _stage(result: StageResult, name: str, settings: Settings, stage: str | None = None) -> Result:
+    """The stage's Result, its cost recorded as the CLI records it; raises on too many errors."""
+    from ragexam.prices import record_cost
     from ragexam.runner import check_error_rate
 
-    check_error_rate(result.path, limit)
-    figures = {**result.outcome.record(), "skipped": result.skipped}
+    cost, _ = record_cost(result.path.parent, stage or name, settings)
+    check_error_rate(result.path, settings.max_error_rate)
+    figures = {**result.outcome.record(), "skipped": result.skipped, "cost_usd": cost}
     return Result({name: result.path}, figures)
+
+
+def dry_run_result(estimates: list[Estimate]) -> Result:
+    """What a dry run found: no file, the estimates per stage, and their calls and cost."""
+    costs = [estimate.cost_usd for estimate in estimates]
+    total = None if None in costs else sum(cost or 0.0 for cost in costs)
+    figures = {"estimates": [estimate.record() for estimate in estimates], "cost_usd": total}
+    return Result({}, {**figures, "calls": sum(estimate.calls for estimate in estimates)})
 
 
 def generate(
@@ -111,26 +114,20 @@ def generate(
     seed: int = 0,
     split: float | None = None,
     check: bool = False,
+    rpm: int | None = None,
+    tpm: int | None = None,
+    dry_run: bool = False,
 ) -> Result:
     """Write qa_dataset.csv: one question and ground-truth answer per chunk."""
-    from ragexam.generate import GenerateOptions, run_generate
-    from ragexam.sampling import Sampling
+    settings, options = generate_setup(locals())
+    if dry_run:
+        from ragexam.dryrun import estimate_generate
 
-    settings = load_settings(
-        generate_model=model,
-        concurrency=concurrency,
-        max_error_rate=max_error_rate,
-        structured_output=structured_output,
-        chroma_tenant=chroma_tenant,
-        chroma_database=chroma_database,
-    )
-    store = _store(chroma, chroma_url, collection, settings)
-    sampling = Sampling(sample, per_document, seed, split)
-    options = GenerateOptions(
-        store, Path(out), limit, doc_key, max_chunk_chars, force, sampling, check
-    )
+        return dry_run_result([estimate_generate(settings, options)])
+    from ragexam.generate import run_generate
+
     result = _in_own_loop(lambda: run_generate(settings, options))
-    return _stage(result, "qa_dataset", settings.max_error_rate)
+    return _stage(result, "qa_dataset", settings, "generate")
 
 
 def answer(
@@ -155,38 +152,20 @@ def answer(
     max_chunk_chars: int = 8000,
     chroma_tenant: str | None = None,
     chroma_database: str | None = None,
+    rpm: int | None = None,
+    tpm: int | None = None,
+    dry_run: bool = False,
 ) -> Result:
     """Write answers.csv; `rag` is "module:callable", or a callable or Runnable object."""
-    from ragexam.answer import AnswerOptions, run_answer
+    settings, options = answer_setup(locals())
+    if dry_run:
+        from ragexam.dryrun import estimate_answer
 
-    settings = load_settings(
-        answer_model=model,
-        concurrency=concurrency,
-        embedding=embedding,
-        max_error_rate=max_error_rate,
-        chroma_tenant=chroma_tenant,
-        chroma_database=chroma_database,
-    )
-    has_store = chroma is not None or chroma_url is not None
-    needs_store = rag is None and AnswerContext(context) != AnswerContext.none
-    store = _store(chroma, chroma_url, collection, settings) if has_store or needs_store else None
-    qa = Path(qa_dataset) if qa_dataset is not None else None
-    options = AnswerOptions(
-        store,
-        Path(out),
-        qa,
-        k,
-        limit,
-        rag,
-        force,
-        AnswerContext(context),
-        trust_store_endpoint=trust_store_endpoint,
-        rag_timeout=rag_timeout,
-        max_chunk_chars=max_chunk_chars,
-        texts=texts,
-    )
+        return dry_run_result([estimate_answer(settings, options)])
+    from ragexam.answer import run_answer
+
     result = _in_own_loop(lambda: run_answer(settings, options))
-    return _stage(result, "answers", settings.max_error_rate)
+    return _stage(result, "answers", settings, "answer")
 
 
 def judge(
@@ -205,34 +184,24 @@ def judge(
     force: bool = False,
     controls: int = 10,
     seed: int = 0,
+    rpm: int | None = None,
+    tpm: int | None = None,
+    dry_run: bool = False,
 ) -> Result:
     """Write judgments.csv, and judge_controls.csv unless `controls=0`."""
-    from ragexam.judge import JudgeOptions, run_controls, run_judge
+    settings, options = judge_setup(locals())
+    if dry_run:
+        from ragexam.dryrun import estimate_judge
 
-    settings = load_settings(
-        judge_model=model,
-        concurrency=concurrency,
-        max_error_rate=max_error_rate,
-        structured_output=structured_output,
-    )
-    options = JudgeOptions(
-        Path(out),
-        Path(qa_dataset) if qa_dataset is not None else None,
-        Path(answers) if answers is not None else None,
-        limit,
-        samples,
-        temperature,
-        Scale(scale),
-        force,
-        controls,
-        seed,
-    )
+        return dry_run_result(estimate_judge(settings, options))
+    from ragexam.judge import run_controls, run_judge
+
     result = _in_own_loop(lambda: run_judge(settings, options))
     if not controls:
-        return _stage(result, "judgments", settings.max_error_rate)
-    rate = settings.max_error_rate
-    checks = _stage(_in_own_loop(lambda: run_controls(settings, options)), "controls", rate)
-    graded = _stage(result, "judgments", settings.max_error_rate)
+        return _stage(result, "judgments", settings, "judge")
+    known = _in_own_loop(lambda: run_controls(settings, options))
+    checks = _stage(known, "controls", settings, "judge_controls")
+    graded = _stage(result, "judgments", settings, "judge")
     return Result({**graded.paths, **checks.paths}, {**graded.figures, "controls": checks.figures})
 
 
@@ -243,62 +212,36 @@ def stats(
     seed: int = 0,
     split: str | None = None,
     exclude_flagged: bool = False,
+    fail_under: str | None = None,
 ) -> Result:
-    """Write the summaries and report.html; figures are the overall row (`document` ALL)."""
+    """Write the summaries and report.html; figures are the overall row (`document` ALL).
+
+    `fail_under="completeness=0.7,hit_rate=0.8"` raises GateFailed after writing them.
+    """
+    from ragexam.gates import check_bounds, parse_bounds
     from ragexam.stats import StatsOptions, run_stats
 
+    bounds = parse_bounds(fail_under) if fail_under is not None else None
     result = run_stats(StatsOptions(Path(out), k, seed, split, exclude_flagged))
     figures = {str(name): value for name, value in result.overall.iloc[0].items()}
+    if bounds:
+        check_bounds(figures, bounds)
     return Result(dict(result.paths), {**figures, "k": result.k})
 
 
 def compare(
-    run_a: PathLike, run_b: PathLike, *, out: PathLike | None = None, seed: int = 0
+    run_a: PathLike,
+    run_b: PathLike,
+    *,
+    out: PathLike | None = None,
+    seed: int = 0,
+    fail_on_regression: bool = False,
 ) -> Result:
     """Write comparison.csv: paired differences per metric and document; figures hold warnings."""
     from ragexam.compare import run_compare
+    from ragexam.gates import check_regressions
 
     result = run_compare(Path(run_a), Path(run_b), Path(out or run_b), seed)
+    if fail_on_regression:
+        check_regressions(result.table)
     return Result({"comparison": result.path}, {"warnings": list(result.warnings)})
-
-
-def run(
-    chroma: PathLike | None = None,
-    *,
-    chroma_url: str | None = None,
-    collection: str | None = None,
-    out: PathLike = "outputs",
-    limit: int | None = None,
-    concurrency: int | None = None,
-    model: str | None = None,
-    max_error_rate: float | None = None,
-    force: bool = False,
-    **options: Any,
-) -> Result:
-    """Every stage in order; options go to the stages that take them (`samples` to judge, …)."""
-    common: dict[str, Any] = {"out": out, "limit": limit, "concurrency": concurrency}
-    common |= {"model": model, "max_error_rate": max_error_rate, "force": force}
-    store: dict[str, Any] = {"chroma": chroma, "chroma_url": chroma_url, "collection": collection}
-    own = {name: _only(options, name) for name in ("generate", "answer", "judge", "stats")}
-    own["stats"].pop("split", None)  # as on the command line, run's split is generate's fraction
-    unknown = set(options) - set().union(*own.values())
-    if unknown:
-        raise TypeError(f"run() got unexpected options: {', '.join(sorted(unknown))}")
-    results = [
-        generate(**store, **common, **own["generate"]),
-        answer(**store, **common, **own["answer"]),
-        judge(**common, **own["judge"]),
-        stats(out=out, **own["stats"]),
-    ]
-    paths = {name: path for result in results for name, path in result.paths.items()}
-    names = ("generate", "answer", "judge", "stats")
-    return Result(paths, {name: r.figures for name, r in zip(names, results, strict=True)})
-
-
-def _only(options: dict[str, Any], stage: str) -> dict[str, Any]:
-    """The options that the stage's function takes by keyword."""
-    import inspect
-
-    function = globals()[stage]
-    accepted = inspect.signature(function).parameters
-    return {name: value for name, value in options.items() if name in accepted}

@@ -6,12 +6,14 @@ Each command imports its stage when it runs, so `ragexam --help` does not load e
 from __future__ import annotations
 
 import functools
+import inspect
 import signal
 import threading
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -19,13 +21,13 @@ import typer
 from rich.markup import escape
 from typer.core import TyperOption
 
+from ragexam.commands import CONTROL_RUNS
 from ragexam.config import (
     AnswerContext,
     Scale,
     Settings,
     StructuredMethod,
     debug_enabled,
-    load_settings,
 )
 from ragexam.display import (
     Starting,
@@ -41,8 +43,6 @@ from ragexam.errors import ConfigError, RagexamError
 from ragexam.store import StoreRef
 
 if TYPE_CHECKING:
-    from ragexam.answer import AnswerOptions
-    from ragexam.generate import GenerateOptions
     from ragexam.judge import JudgeOptions
 
 app = typer.Typer(
@@ -127,7 +127,6 @@ StatsSplitOpt = Annotated[str | None, _opt("--split", "Only this split, e.g. tes
 ExcludeFlaggedOpt = Annotated[
     bool, _opt("--exclude-flagged", "Leave flagged questions out of every mean.")
 ]
-CONTROL_RUNS = {"gold": AnswerContext.gold, "closed_book": AnswerContext.none}
 JudgeControlsOpt = Annotated[
     int, _opt("--controls", "Grade 4 known answers to N sampled questions; 0: none.", min=0)
 ]
@@ -214,17 +213,18 @@ def store_ref(
     settings: Settings | None = None,
 ) -> StoreRef:
     """The store the options point at; exactly one of --chroma and --chroma-url."""
-    if (chroma is None) == (chroma_url is None):
-        raise ConfigError("give exactly one of --chroma PATH and --chroma-url URL")
-    server: dict[str, Any] = {}
-    if settings is not None and chroma_url is not None:  # where on the server, and its token
-        key = settings.chroma_api_key.get_secret_value() if settings.chroma_api_key else None
-        server = {"tenant": settings.chroma_tenant, "database": settings.chroma_database}
-        server["token"] = key or None
-    return StoreRef(chroma, chroma_url, collection, notify=_notes.append, timeout=timeout, **server)
+    from ragexam import commands
+
+    ref = commands.store_ref(chroma, chroma_url, collection, settings, _notes.append)
+    return replace(ref, timeout=timeout)
 
 
 _notes: list[str] = []  # what the core asked to be told, said after the stage's bar
+
+
+def _given(command: Callable[..., Any], values: dict[str, Any]) -> dict[str, Any]:
+    """The command's options by name, from its `locals()`: what ragexam.commands builds from."""
+    return {name: values[name] for name in inspect.signature(command).parameters}
 
 
 def say_notes() -> None:
@@ -280,23 +280,11 @@ def generate(
     dry_run: DryRunOpt = False,
 ) -> None:
     """Write one question and ground-truth answer per chunk: qa_dataset.csv."""
-    from ragexam.generate import GenerateOptions, run_generate
+    from ragexam.commands import generate_setup
+    from ragexam.generate import run_generate
     from ragexam.runner import check_error_rate
-    from ragexam.sampling import Sampling
 
-    settings = load_settings(
-        generate_model=model,
-        concurrency=concurrency,
-        max_error_rate=max_error_rate,
-        structured_output=structured_output,
-        chroma_tenant=chroma_tenant,
-        chroma_database=chroma_database,
-        rpm=rpm,
-        tpm=tpm,
-    )
-    store = store_ref(chroma, chroma_url, collection, settings.store_timeout, settings)
-    sampling = Sampling(sample, per_document, seed, split)
-    options = GenerateOptions(store, out, limit, doc_key, max_chunk_chars, force, sampling, check)
+    settings, options = generate_setup(_given(generate, locals()), _notes.append)
     if dry_run:
         from ragexam.dryrun import estimate_generate
 
@@ -337,38 +325,11 @@ def answer(
     dry_run: DryRunOpt = False,
 ) -> None:
     """Have the RAG system answer every question, with the source chunk's rank: answers.csv."""
-    from ragexam.answer import AnswerOptions, run_answer
+    from ragexam.answer import run_answer
+    from ragexam.commands import answer_setup
     from ragexam.runner import check_error_rate
 
-    settings = load_settings(
-        answer_model=model,
-        concurrency=concurrency,
-        embedding=embedding,
-        max_error_rate=max_error_rate,
-        chroma_tenant=chroma_tenant,
-        chroma_database=chroma_database,
-        rpm=rpm,
-        tpm=tpm,
-    )
-    has_store = chroma is not None or chroma_url is not None
-    needs_store = not rag and context != AnswerContext.none
-    wanted = has_store or needs_store
-    timeout = settings.store_timeout
-    store = store_ref(chroma, chroma_url, collection, timeout, settings) if wanted else None
-    options = AnswerOptions(
-        store,
-        out,
-        qa_dataset,
-        k,
-        limit,
-        rag,
-        force,
-        context,
-        trust_store_endpoint=trust_store_endpoint,
-        rag_timeout=rag_timeout,
-        max_chunk_chars=max_chunk_chars,
-        texts=texts,
-    )
+    settings, options = answer_setup(_given(answer, locals()), _notes.append)
     if dry_run:
         from ragexam.dryrun import estimate_answer
 
@@ -404,20 +365,11 @@ def judge(
     dry_run: DryRunOpt = False,
 ) -> None:
     """Grade every answer against its ground truth: judgments.csv (and judge_controls.csv)."""
-    from ragexam.judge import JudgeOptions, run_judge
+    from ragexam.commands import judge_setup
+    from ragexam.judge import run_judge
     from ragexam.runner import check_error_rate
 
-    settings = load_settings(
-        judge_model=model,
-        concurrency=concurrency,
-        max_error_rate=max_error_rate,
-        structured_output=structured_output,
-        rpm=rpm,
-        tpm=tpm,
-    )
-    options = JudgeOptions(
-        out, qa_dataset, answers, limit, samples, temperature, scale, force, controls, seed
-    )
+    settings, options = judge_setup(_given(judge, locals()))
     if dry_run:
         from ragexam.dryrun import estimate_judge
 
@@ -602,29 +554,15 @@ def run(
     fail_under: FailUnderOpt = None,
 ) -> None:
     """Run every stage in order: generate, answer, judge, stats; --limit applies to each."""
-    if controls and rag:
-        raise ConfigError(
-            "--controls answer with the built-in answerer, which is not your --rag system: "
-            "their completeness would compare two answerers; run them without --rag"
-        )
-    if fail_under is not None:  # a malformed gate fails before any paid call
-        from ragexam.gates import parse_bounds
+    from ragexam.commands import check_run, run_setup
 
-        parse_bounds(fail_under)
+    given = _given(run, locals())
+    check_run(given)
     if dry_run:
-        from ragexam.answer import AnswerOptions
-        from ragexam.generate import GenerateOptions
-        from ragexam.judge import JudgeOptions
-        from ragexam.sampling import Sampling
+        from ragexam.dryrun import estimate_run
 
-        store = store_ref(chroma, chroma_url, collection)
-        sampling = Sampling(sample, per_document, seed, split)
-        first = GenerateOptions(store, out, limit, doc_key, max_chunk_chars, force, sampling, check)
-        second = AnswerOptions(store, out, None, k, limit, rag, force)
-        third = JudgeOptions(
-            out, limit=limit, samples=samples, force=force, controls=judge_controls, seed=seed
-        )
-        return _estimate_run(model, controls, first, second, third)
+        settings, first, second, third = run_setup(given, _notes.append)
+        return show_estimates(estimate_run(settings, first, second, third, controls))
     generate(
         chroma=chroma,
         chroma_url=chroma_url,
@@ -730,19 +668,6 @@ def _show_run_cost(out: Path) -> None:
     from ragexam.prices import record_total
 
     say(run_cost_line(record_total(out)), wrap=True)
-
-
-def _estimate_run(
-    model: str | None,
-    control_runs: bool,
-    generate: GenerateOptions,
-    answer: AnswerOptions,
-    judge: JudgeOptions,
-) -> None:
-    from ragexam.dryrun import estimate_run
-
-    settings = load_settings(generate_model=model, answer_model=model, judge_model=model)
-    show_estimates(estimate_run(settings, generate, answer, judge, control_runs))
 
 
 def main() -> None:

@@ -1,0 +1,102 @@
+"""The Python API takes what the CLI takes: pacing, dry runs, control runs, gates."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+from conftest import build_store, run_cli
+from langchain_core.documents import Document
+from openai_server import FakeOpenAI, Faults
+from test_generate import docs
+from test_rate_limits import LIMIT, RATE, ROWS, WINDOW
+
+import ragexam
+from ragexam import cli
+from ragexam.errors import GateFailed
+
+PRICE_INPUT, PRICE_OUTPUT = 100.0, 400.0
+
+
+def options(function: object) -> set[str]:
+    """The names a function or command takes."""
+    return set(inspect.signature(function).parameters)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("command", ["generate", "answer", "judge", "stats", "compare"])
+def test_each_function_takes_every_option_of_its_command(command: str) -> None:
+    assert options(getattr(cli, command)) - options(getattr(ragexam, command)) == set()
+
+
+def test_run_takes_every_option_of_the_command() -> None:
+    stages = set().union(*(options(getattr(ragexam, name)) for name in ("generate", "answer")))
+    stages |= options(ragexam.judge) | options(ragexam.stats)
+    assert options(cli.run) - options(ragexam.run) - stages == set()
+
+
+def test_rpm_paces_the_api_under_a_real_rate_limit(env: FakeOpenAI, tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", docs(ROWS))
+    env.latency = 1.0  # 15 calls in flight fill the limit exactly
+    # The limit of test_rate_limits, over a window twice as long (as its --rpm test does).
+    env.faults = Faults(rpm_limit=LIMIT * 2, rpm_window=WINDOW * 2)
+    exam = ragexam.generate(store, concurrency=64, rpm=int(RATE * 60))
+    assert exam.figures["rows_ok"] == ROWS
+    chats = [request for request in env.requests if request.path.endswith("/chat/completions")]
+    limited = sum(request.fault == "rpm_limit" for request in chats)
+    # The bound of the CLI's --rpm test, on the same rows and limit; unpaced, 64 calls go out
+    # at once and the limit turns most of them away (52 of 252 calls over 200 rows, measured).
+    assert limited <= 0.02 * len(chats), limited
+
+
+def test_dry_runs_call_nothing_and_count_what_the_cli_counts(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    store = build_store(tmp_path / "store", docs(12))
+    exam = ragexam.generate(store, limit=5, dry_run=True)
+    assert exam.paths == {} and exam.figures["calls"] == 5
+    whole = ragexam.run(store, samples=2, controls=True, judge_controls=3, dry_run=True)
+    assert env.count() == 0 and env.count("/embeddings") == 0
+    assert not (tmp_path / "outputs" / "qa_dataset.csv").exists()
+    calls = {e["stage"]: e["calls"] for e in whole.figures["estimates"]}
+    # 12 questions, answered and graded twice, in the run and each control run;
+    # 3 questions x 4 known answers x 2 samples for the judge's controls.
+    assert calls == {
+        "generate": 12,
+        "answer": 12,
+        "judge": 24,
+        "judge_controls": 24,
+        "answer_gold": 12,
+        "judge_gold": 24,
+        "answer_closed_book": 12,
+        "judge_closed_book": 24,
+    }
+    dry = run_cli("run", "--chroma", str(store), "--samples", "2", "--controls", *JUDGE_3)
+    assert dry.exit_code == 0, dry.output
+    assert f"total: {sum(calls.values())} calls" in dry.output
+    assert env.count() == 0
+
+
+JUDGE_3 = ("--judge-controls", "3", "--dry-run")
+
+
+def test_run_with_control_runs_records_the_whole_cost_and_gates(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAGEXAM_PRICE_INPUT", str(PRICE_INPUT))
+    monkeypatch.setenv("RAGEXAM_PRICE_OUTPUT", str(PRICE_OUTPUT))
+    env.embedding_dim = 16
+    store = build_store(tmp_path / "store", [Document(d.page_content, id=d.id) for d in docs(6)])
+    with pytest.raises(GateFailed):  # no answer can be complete to 1.01
+        ragexam.run(
+            store, embedding="openai:embedder", controls=True, fail_under="completeness=1.01"
+        )
+    assert (tmp_path / "outputs" / "gold" / "judgments.csv").is_file()
+    assert (tmp_path / "outputs" / "closed_book" / "judgments.csv").is_file()
+    usages = [request.usage for request in env.requests if request.usage is not None]
+    prompt = sum(usage["prompt_tokens"] for usage in usages)
+    completion = sum(usage["completion_tokens"] for usage in usages)
+    expected = (prompt * PRICE_INPUT + completion * PRICE_OUTPUT) / 1e6
+    recorded = json.loads((tmp_path / "outputs" / "manifest.json").read_text())
+    assert recorded["cost_usd"] == pytest.approx(expected)
