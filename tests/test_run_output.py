@@ -99,3 +99,20 @@ def test_run_says_the_judge_controls_verdict_once_beside_the_scores(
     assert lines[warnings[0]].startswith("Warning: only 3/12 judge controls passed")
     table = next(i for i, line in enumerate(lines) if line.strip().startswith("ALL"))
     assert table < warnings[0]  # said after the table of scores it qualifies
+
+
+def test_run_dry_run_estimates_the_answers_in_the_context_asked(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    args = ("run", *exam_store(env, tmp_path), "--judge-controls", "0", "--controls")
+    result = run_cli(*args, "--context", "none", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert env.count() == 0
+    tokens = {}
+    for line in result.output.splitlines():
+        if line.startswith("answer"):
+            stage, rest = line.split(":", 1)
+            tokens[stage] = int(rest.split("~")[1].split()[0].replace(",", ""))
+    # Asked for no context, the run's answers are the closed-book control run's prompts,
+    # and the gold run's (one chunk each) are longer.
+    assert tokens["answer"] == tokens["answer_closed_book"] < tokens["answer_gold"], tokens
