@@ -51,8 +51,9 @@ def test_429s_do_not_count_against_retries_and_lose_no_row(
 
 def rate_limited_run(
     env: FakeOpenAI, tmp_path: Path, *extra: str, scale: int = 1
-) -> tuple[list[dict[str, str]], float, float]:
-    """Generate ROWS rows against the sliding-window limit: rows, calls/s, share of 429s."""
+) -> tuple[list[dict[str, str]], float, float, str]:
+    """Generate ROWS rows against the sliding-window limit: rows, calls/s ÷ the limit,
+    share of 429s, and what the command printed."""
     store = build_store(tmp_path / "store", docs(ROWS))
     env.latency = 1.0  # 15 calls in flight fill the limit exactly
     env.faults = Faults(rpm_limit=LIMIT * scale, rpm_window=WINDOW * scale)  # the same rate
@@ -64,24 +65,31 @@ def rate_limited_run(
     limited = sum(request.fault == "rpm_limit" for request in chats)
     # From the first chat call to the last reply: the time the limit was in force.
     seconds = chats[-1].at - chats[0].at + env.latency
-    return rows, ROWS / seconds / RATE, limited / len(chats)
+    return rows, ROWS / seconds / RATE, limited / len(chats), result.output
 
 
 def test_adaptive_concurrency_settles_under_a_real_rate_limit(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:
-    rows, throughput, limited = rate_limited_run(env, tmp_path)
+    rows, throughput, limited, output = rate_limited_run(env, tmp_path)
     assert len(rows) == ROWS and {row["status"] for row in rows} == {"ok"}
     assert throughput >= 0.85, throughput
-    assert limited <= 0.20, limited
+    # The issue's bound is 20%; learning the rate from the first storm keeps it under the
+    # benchmark's 10% (a window alone, which learns the limit only when full: 11.5%).
+    assert limited <= 0.10, limited
+    learned = json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]
+    rpm = learned["generate"]["learned_rpm"]
+    assert abs(rpm - RATE * 60) <= 0.1 * RATE * 60, rpm  # 900 calls a minute, within 10%
+    assert f"~{rpm:,} calls/min" in " ".join(output.split()), output
 
 
 def test_rpm_paces_calls_under_the_limit(env: FakeOpenAI, tmp_path: Path) -> None:
     # A window twice as long: a short one counts the server's own scheduling jitter (requests
     # handled late arrive bunched) as a burst, which the real one-minute window would not.
     rpm = str(int(RATE * 60))
-    rows, throughput, limited = rate_limited_run(env, tmp_path, "--rpm", rpm, scale=2)
+    rows, throughput, limited, output = rate_limited_run(env, tmp_path, "--rpm", rpm, scale=2)
     assert len(rows) == ROWS and {row["status"] for row in rows} == {"ok"}
+    assert "rate limit learned" not in output  # no storm: nothing to learn
     assert limited <= 0.02, limited
     assert throughput >= 0.75, throughput  # paced at 95% of the limit, so not far under it
 

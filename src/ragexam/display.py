@@ -211,6 +211,12 @@ def summary_line(stage: str, result: StageResult, skipped_note: str | None = Non
         f"{outcome.prompt_tokens:,} in + {outcome.completion_tokens:,} out",
         wrap=True,
     )
+    if outcome.learned_rpm:
+        say(
+            f"  rate limit learned from the endpoint's 429s: ~{outcome.learned_rpm:,} calls/min "
+            f"(--rpm {outcome.learned_rpm} paces under it from the first call)",
+            wrap=True,
+        )
     if outcome.redone:
         say(f"  {outcome.redone} rows redone: their input changed since they were made")
     if outcome.quarantined:

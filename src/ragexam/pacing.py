@@ -11,6 +11,11 @@ are spread over the round trip instead of going out in bursts (pacing), and STOR
 row (a limit reached, not bad luck) hold new calls until the server's Retry-After is over,
 and cut the window once more, so that the calls let go after the hold are not a burst.
 
+The first such storm also teaches the limit's rate (LearnedRate): from then on calls are
+paced just under it, and that rate, not the window, is what later 429s cut. A window
+alone meets a limit counted over seconds or a minute in waves: it learns of the limit
+only when the window is full, and a window's worth of calls then meets 429s.
+
 No maintained library adapts a concurrency limit to 429s (aimd-limiter and
 adaptive-concurrency on PyPI are young single releases), so the window is written here;
 the --rpm pacing is aiolimiter's leaky bucket, sized so it never bursts. --tpm books each
@@ -33,7 +38,12 @@ if TYPE_CHECKING:
 MIN_DECREASE = 0.7
 STORM = 3  # 429s in a row: the limit is reached, not bad luck
 GROWTH_AFTER_429 = 0.25  # once a limit was met, a round trip of successes adds 1/4 call
-MARGIN = 0.95  # --rpm and --tpm pace at this share of the limit given
+MARGIN = 0.95  # --rpm, --tpm and a learned rate pace at this share of the limit
+HORIZON = 60.0  # seconds of sends kept to learn a rate from: the longest common limit window
+GROWTH = 0.05  # a learned rate grows by this share per window of successes
+DECREASE = 0.93  # a 429 cuts a learned rate to this share ...
+CUT_EVERY = 1.0  # ... at most once in this many seconds
+STORM_DECREASE = 0.7  # a storm of 429s cuts it to this share
 
 
 @dataclass
@@ -44,6 +54,7 @@ class Traffic:
     retries: int = 0
     rate_limited: int = 0
     pause_until: float = 0.0  # monotonic time when the longest wait under way ends
+    learned_rpm: int | None = None  # the server's limit, as learned from its first storm
 
     def pause(self) -> float:
         """Seconds left of the longest wait under way (0 when none)."""
@@ -53,9 +64,13 @@ class Traffic:
         """A row starts waiting `seconds` before its next attempt."""
         self.pause_until = max(self.pause_until, time.monotonic() + seconds)
 
-    def record(self) -> dict[str, int]:
+    def record(self) -> dict[str, int | None]:
         """The counters that go into the manifest."""
-        return {"retries": self.retries, "rate_limited": self.rate_limited}
+        return {
+            "retries": self.retries,
+            "rate_limited": self.rate_limited,
+            "learned_rpm": self.learned_rpm,
+        }
 
 
 class Pacer:
@@ -77,6 +92,7 @@ class Pacer:
         self._hold_until = 0.0
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._rpm = _bucket(rpm)
+        self.learned = LearnedRate(self.traffic)
         self._tokens = _Schedule()
         self._tpm = tpm * MARGIN / 60 if tpm else 0.0  # tokens a second
 
@@ -93,13 +109,15 @@ class Pacer:
                 await self._rpm.acquire()
             if self._tpm and tokens:
                 await self._tokens.book(tokens / self._tpm)
+            await self.learned.pace()
             await self._spread()
         except BaseException:
             self.release(0, limited=False, counted=False)
             raise
         self._sent += 1
         self.traffic.calls += 1
-        self._sent_at[self._sent] = time.monotonic()
+        self._sent_at[self._sent] = now = time.monotonic()
+        self.learned.sent(now)
         return self._sent
 
     async def _spread(self) -> None:
@@ -108,7 +126,7 @@ class Pacer:
         A window's worth of calls per round trip is the same rate either way, but a burst
         is what a sliding-window limit refuses (as TCP pacing avoids bursts into queues).
         """
-        if self._cut_at and self._rtt:
+        if self._cut_at and self._rtt and not self.learned.rate:
             await self._spacing.book(self._rtt / self.window)
 
     async def _queue(self) -> None:
@@ -140,16 +158,22 @@ class Pacer:
         if counted and limited:
             self.traffic.rate_limited += 1
             self._in_a_row += 1
-            if self._in_a_row == STORM:  # no new call until the server has a free slot,
-                self._hold_until = max(self._hold_until, time.monotonic() + wait)
-                self.window = max(1.0, self.window * MIN_DECREASE)  # and fewer after it
             now = time.monotonic()
-            if number > self._cut_at and now - self._cut_time >= self._rtt:
+            learned = self.learned.rate  # once learned, the rate is cut, not the window
+            if sent_at is not None:
+                self.learned.refused(sent_at, now)
+            if self._in_a_row == STORM:  # no new call until the server has a free slot,
+                self._hold_until = max(self._hold_until, now + wait)
+                self.learned.storm(now, wait)
+                if not learned:
+                    self.window = max(1.0, self.window * MIN_DECREASE)  # and fewer after it
+            if not learned and number > self._cut_at and now - self._cut_time >= self._rtt:
                 share = self._since_cut[1] / sum(self._since_cut)
                 self.window = max(1.0, self.window * max(MIN_DECREASE, 1 - share))
                 self._cut_at, self._since_cut, self._cut_time = self._sent, [0, 0], now
         elif counted:
             self._in_a_row = 0
+            self.learned.succeeded()
             growth = (GROWTH_AFTER_429 if self._cut_at else 1.0) / self.window
             self.window = min(float(self.ceiling), self.window + growth)
         self._wake()
@@ -160,6 +184,78 @@ class Pacer:
             if not waiter.done():
                 self.in_flight += 1
                 waiter.set_result(None)
+
+
+class LearnedRate:
+    """The server's rate limit, learned from its first storm of 429s, then kept just under.
+
+    A limit met from a standing start is met when the calls it admitted fill it, and its
+    Retry-After then runs to when the oldest of them leaves its window. So the calls admitted,
+    over the time from the first send to the end of that wait, is the limit's rate, whether
+    it counts per second or per minute. From then on calls are paced at MARGIN of the rate.
+    The rate grows by GROWTH per such window while calls succeed, so a conservative first
+    guess catches up, and a 429 cuts it by DECREASE at most once per CUT_EVERY seconds (a
+    storm by STORM_DECREASE): an overshoot costs a few 429s, not a window's worth.
+    """
+
+    def __init__(self, traffic: Traffic) -> None:
+        self.traffic = traffic
+        self.rate = 0.0  # calls a second the server admits; 0 until learned
+        self.span = 0.0  # seconds the limit counts over, as learned
+        self._sends: deque[float] = deque()  # send times inside the HORIZON
+        self._refused: deque[float] = deque()  # send times of the calls answered 429
+        self._storm_at = 0.0
+        self._learn_at = 0.0  # when the first storm's wait ends: the rate is learned then
+        self._cut_time = 0.0
+        self._learned_at = 0.0
+        self._schedule = _Schedule()
+
+    def sent(self, at: float) -> None:
+        """A call was sent at `at`."""
+        self._sends.append(at)
+        while self._sends[0] < at - HORIZON:
+            self._sends.popleft()
+
+    def refused(self, sent_at: float, now: float) -> None:
+        """A call sent at `sent_at` was answered 429: once learned, the rate is cut."""
+        self._refused.append(sent_at)
+        while self._refused[0] < now - HORIZON:
+            self._refused.popleft()
+        if self.rate and now - self._cut_time >= CUT_EVERY:
+            self.rate, self._cut_time = self.rate * DECREASE, now
+
+    def storm(self, now: float, wait: float) -> None:
+        """STORM 429s in a row: the first one teaches the rate, at the end of its `wait`.
+
+        A later one cuts the rate, unless it comes within a window of learning it: until
+        then the window still holds the calls sent before, and frees them as they were sent.
+        """
+        if self.rate and now - self._learned_at > self.span:
+            self.rate, self._cut_time = self.rate * STORM_DECREASE, now
+        elif not self.rate and not self._learn_at:
+            self._storm_at, self._learn_at = now, now + wait
+
+    def succeeded(self) -> None:
+        """A call succeeded: the rate grows by GROWTH over one window's worth of successes."""
+        if self.rate:
+            self.rate += GROWTH / self.span
+
+    async def pace(self) -> None:
+        """Learn the rate when the first storm's wait is over; then space sends by it."""
+        if self._learn_at and time.monotonic() >= self._learn_at:
+            self._learn()
+        if self.rate:
+            await self._schedule.book(1 / (self.rate * MARGIN))
+
+    def _learn(self) -> None:
+        """Calls admitted before the storm, over the time from the first to the wait's end."""
+        storm, until, self._learn_at = self._storm_at, self._learn_at, 0.0
+        sent = [at for at in self._sends if at <= storm]
+        admitted = len(sent) - sum(at <= storm for at in self._refused)
+        if admitted > 0 and until > sent[0]:
+            self.span = until - sent[0]
+            self.rate, self._learned_at = admitted / self.span, until
+            self.traffic.learned_rpm = round(self.rate * 60)
 
 
 class _Schedule:

@@ -84,6 +84,7 @@ class Outcome:
     completion_tokens: int = 0
     seconds: float = 0.0
     reasons: dict[str, int] = field(default_factory=dict)
+    learned_rpm: int | None = None  # the endpoint's rate limit, learned from its 429s
 
     def record(self) -> dict[str, Any]:
         """The figures that go into the manifest."""
@@ -347,6 +348,7 @@ def _execute(
         status = "interrupted"
         raise
     finally:
+        runner.outcome.learned_rpm = traffic.learned_rpm
         figures = {**plan.figures(), **runner.outcome.record(), **traffic.record()}
         try:
             final = {**record, **figures, "status": status}
