@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import build_store, read_csv, run_cli
+from langchain_core.documents import Document
 from openai_server import FakeOpenAI
 from test_answer import write_qa
 from test_generate import docs
@@ -156,3 +158,22 @@ def test_a_huge_gold_chunk_is_cut_in_the_prompt(env: FakeOpenAI, tmp_path: Path)
     assert f'<chunk rank="1">\n{cut}\n</chunk>' in sent
     assert len(sent) < 5000
     assert read_csv(tmp_path / "run" / "answers.csv")[0]["target_rank"] == "1"
+
+
+def test_run_controls_answer_with_the_runs_own_options(env: FakeOpenAI, tmp_path: Path) -> None:
+    texts = {f"c{i}": f"Chunk {i} says: " + f"fact {i} " * 40 for i in range(4)}
+    chunks = [Document(text, metadata={"source": "a.md"}, id=cid) for cid, text in texts.items()]
+    store = build_store(tmp_path / "store", chunks)
+    env.embedding_dim = 16
+    result = run_cli(
+        "run", "--chroma", str(store), "--out", "run", "--controls", "--embedding", "openai:e",
+        "--k", "2", "--max-chunk-chars", "120", "--no-texts", "--judge-controls", "0",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    gold = [json.dumps(r.body) for r in env.requests if "<chunk" in json.dumps(r.body)]
+    assert len(gold) >= 4 + 4  # the RAG run's answers and the gold run's
+    for body in gold:  # no chunk reached the answerer longer than --max-chunk-chars
+        assert not any(json.dumps(text[:121])[1:-1] in body for text in texts.values())
+    for folder in ("run", "run/gold", "run/closed_book"):
+        header = (tmp_path / folder / "answers.csv").read_text(encoding="utf-8").splitlines()[0]
+        assert "retrieved_texts" not in header and "source_text" not in header, folder

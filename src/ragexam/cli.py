@@ -639,6 +639,11 @@ def run(
             max_error_rate=max_error_rate,
             force=force,
             context=kind,
+            trust_store_endpoint=trust_store_endpoint,
+            texts=texts,
+            max_chunk_chars=max_chunk_chars,
+            chroma_tenant=chroma_tenant,
+            chroma_database=chroma_database,
             rpm=rpm,
             tpm=tpm,
         )
