@@ -77,6 +77,23 @@ def test_every_question_is_in_the_report_with_what_explains_it(tmp_path: Path) -
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "<script" not in html
 
 
+def test_past_its_limit_the_drill_down_holds_the_lowest_graded_of_every_document(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("ragexam.drilldown.SHOWN_QUESTIONS", 7)
+    truth = drill_run(tmp_path / "run", 60)
+    assert run_cli("stats", "--out", str(tmp_path / "run")).exit_code == 0
+    html = (tmp_path / "run" / "report.html").read_text(encoding="utf-8")
+    shown = set(re.findall(r'<div class="q[^"]*" id="q-(q\d+)">', html))
+    # Graded low: i % 4 == 0; document i % 3. Two from each document (7 // 3), the earliest
+    # low ones (a stable sort): 0, 12 | 4, 16 | 8, 20; then the lowest left, 24.
+    assert shown == {f"q{i:05d}" for i in (0, 12, 4, 16, 8, 20, 24)}
+    assert all(truth[qa_id]["low"] for qa_id in shown)
+    assert "The 7 lowest-graded questions of 60" in html
+    assert html.count("lowest graded of 20 questions") == 3  # each document has 20
+    assert "judgments.csv and answers.csv hold all" in html
+
+
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[Any]:
     """Headless Debian Chromium with a fresh profile."""

@@ -22,6 +22,9 @@ from ragexam.manifest import input_file
 from ragexam.stats import LOW_COMPLETENESS, LOW_CONCISENESS
 
 SHOWN_CHARS = 2000  # of a source chunk's text in the report; the CSV holds it all
+# Questions the drill-down holds at most (a 5,000-question report opens in under 2 s; a
+# million would make an 800 MB page that no browser opens); past it, the lowest graded.
+SHOWN_QUESTIONS = 5000
 # question filters: (id, class, label)
 QUESTION_FILTERS = (
     ("fq-miss", "miss", "source chunk missed"),
@@ -44,6 +47,20 @@ STYLE = """
 .q ol{margin:0;padding-left:1.6em}.q li.src{font-weight:600}
 .q .chunk{max-height:12em;overflow:auto;background:#f6f8fa;padding:4px 6px;border-radius:6px}
 """
+
+
+def lowest_graded(questions: pd.DataFrame, limit: int) -> pd.DataFrame:
+    """At most `limit` questions: the same number from every document, lowest completeness
+    first (ungraded last), then the lowest of what is left; all of them when they fit."""
+    if len(questions) <= limit:
+        return questions
+    order = questions.assign(_c=questions["completeness"].fillna(np.inf)).sort_values(
+        "_c", kind="stable"
+    )
+    place = order.groupby(order["document"].astype(str), sort=False).cumcount()
+    per_document = max(1, limit // max(1, order["document"].nunique()))
+    chosen = pd.concat([order[place < per_document], order[place >= per_document]])
+    return chosen.head(limit).drop(columns="_c").sort_index()
 
 
 def extra_columns(out: Path, questions: pd.DataFrame) -> pd.DataFrame:
@@ -105,8 +122,11 @@ def style(diagnoses: list[str]) -> str:
 _ON = "background:#1f2328;color:#fff;border-color:#1f2328"
 
 
-def section(questions: pd.DataFrame, by_document: pd.DataFrame, k: int) -> str:
-    """Every question, grouped by document in closed sections, worst document first."""
+def section(
+    questions: pd.DataFrame, by_document: pd.DataFrame, k: int, totals: dict[str, int]
+) -> str:
+    """The questions, grouped by document in closed sections, worst document first; `totals`
+    is each document's count of questions, shown or not."""
     diagnoses = list(dict.fromkeys(by_document["diagnosis"].astype(str)))
     inputs = ['<input type="radio" class="f" name="fd" id="fd-all" checked>']
     inputs += [f'<input type="radio" class="f" name="fd" id="fd-{slug(d)}">' for d in diagnoses]
@@ -118,8 +138,10 @@ def section(questions: pd.DataFrame, by_document: pd.DataFrame, k: int) -> str:
     groups = questions.groupby(questions["document"].astype(str), sort=False, observed=True)
     members = {name: frame for name, frame in groups}
     blocks = [
-        _document(str(row["document"]), str(row["diagnosis"]), members.get(str(row["document"])), k)
-        for row in by_document[["document", "diagnosis"]].to_dict("records")
+        _document(doc, str(diagnosis), members.get(doc), k, totals.get(doc, 0))
+        for doc, diagnosis in zip(
+            by_document["document"].astype(str), by_document["diagnosis"], strict=True
+        )
     ]
     return (
         f"<style>{style(diagnoses)}</style>{''.join(inputs)}"
@@ -128,7 +150,7 @@ def section(questions: pd.DataFrame, by_document: pd.DataFrame, k: int) -> str:
     )
 
 
-def _document(name: str, diagnosis: str, frame: pd.DataFrame | None, k: int) -> str:
+def _document(name: str, diagnosis: str, frame: pd.DataFrame | None, k: int, total: int) -> str:
     """One closed section: the document's questions, lowest completeness first."""
     if frame is None or frame.empty:
         return ""
@@ -139,6 +161,9 @@ def _document(name: str, diagnosis: str, frame: pd.DataFrame | None, k: int) -> 
     summary = (
         f"<summary><b>{escape(name)}</b> <small>· {escape(diagnosis)} · {len(items)} "
         f"questions, {missed} missed</small></summary>"
+        if total <= len(items)
+        else f"<summary><b>{escape(name)}</b> <small>· {escape(diagnosis)} · the {len(items)} "
+        f"lowest graded of {total} questions, {missed} of them missed</small></summary>"
     )
     return f'<details class="dg d-{slug(diagnosis)}">{summary}{"".join(items)}</details>'
 

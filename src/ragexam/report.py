@@ -181,12 +181,23 @@ def _every_question(result: StatsResult) -> str:
     """The drill-down (drilldown.py): every question, by document, filterable."""
     if result.out is None or result.questions.empty:
         return ""
-    questions = drilldown.extra_columns(result.out, result.questions)
+    total = len(result.questions)
+    shown = drilldown.lowest_graded(result.questions, drilldown.SHOWN_QUESTIONS)
+    totals = {str(doc): int(n) for doc, n in result.questions["document"].value_counts().items()}
+    questions = drilldown.extra_columns(result.out, shown)
+    title = f"Every question ({total:,})"
+    if len(shown) < total:
+        title = f"The {len(shown):,} lowest-graded questions of {total:,}"
+    cut = (
+        f" Past {drilldown.SHOWN_QUESTIONS:,} questions the page would not open, so it holds "
+        "the lowest graded, as many from every document; judgments.csv and answers.csv hold all."
+    )
     return _section(
-        f"Every question ({len(questions):,})",
+        title,
         "By document, worst first; open a document to see each question with its answer, the "
-        "judge's reasoning, the retrieved chunks (the source chunk marked) and the source text.",
-        drilldown.section(questions, result.by_document, result.k),
+        "judge's reasoning, the retrieved chunks (the source chunk marked) and the source text."
+        + (cut if len(shown) < total else ""),
+        drilldown.section(questions, result.by_document, result.k, totals),
     )
 
 
