@@ -48,6 +48,10 @@ class Faults:
     rpm_window: float = 60.0  # ... per this many seconds; a 429 says when a slot frees
     tpm_limit: int | None = None  # a sliding-window limit on prompt tokens (count_tokens) ...
     tpm_window: float = 60.0  # ... per this many seconds
+    # A token-bucket limit on chat calls, refilled continuously (as OpenAI's limiter is): it
+    # holds bucket_size calls and gains bucket_rate a second; a 429 says when the next is in.
+    bucket_rate: float | None = None
+    bucket_size: int = 1
 
 
 # What llama-cpp-python's server answers (HTTP 500) to a json_schema response_format.
@@ -136,6 +140,7 @@ class FakeOpenAI:
         self._faulted: dict[str, int] = {}
         self._admitted: deque[float] = deque()  # times of the chat calls inside the window
         self._billed: deque[tuple[float, int]] = deque()  # (time, prompt tokens) inside it
+        self._bucket: tuple[float, float] | None = None  # (calls it holds, when), full at first
         self._stopping = threading.Event()
         self._conns: set[socket.socket] = set()
         self._server: _Server | None = None
@@ -196,6 +201,7 @@ class FakeOpenAI:
             self.listings.clear()
             self._admitted.clear()
             self._billed.clear()
+            self._bucket = None
         self.faults = Faults()
         self.quirks = Quirks()
         self.responder = None
@@ -215,7 +221,7 @@ class FakeOpenAI:
             out = _error(500, f"fake server crashed: {exc!r}")
         rec.status = out.status
         # A rate limiter refuses at the door, without inference.
-        if rec.fault not in ("rpm_limit", "tpm_limit"):
+        if rec.fault not in ("rpm_limit", "tpm_limit", "bucket_limit"):
             self._stopping.wait(self.latency)
         return None if self._stopping.is_set() else out
 
@@ -302,6 +308,9 @@ class FakeOpenAI:
         wait = self._window_wait() if chat and faults.rpm_limit else None
         if wait is not None:
             return _refused(rec, "rpm_limit", wait, "requests")
+        wait = self._bucket_wait() if chat and faults.bucket_rate else None
+        if wait is not None:
+            return _refused(rec, "bucket_limit", wait, "requests")
         wait = self._token_wait(self.count_tokens(text)) if chat and faults.tpm_limit else None
         if wait is not None:
             return _refused(rec, "tpm_limit", wait, "tokens")
@@ -333,6 +342,19 @@ class FakeOpenAI:
                 self._admitted.append(now)
                 return None
             return self._admitted[0] + window - now
+
+    def _bucket_wait(self) -> float | None:
+        """Take a call from the token bucket, or say how long until it holds one."""
+        rate, size = self.faults.bucket_rate or 0.0, self.faults.bucket_size
+        now = time.monotonic()
+        with self._lock:
+            held, then = self._bucket or (float(size), now)
+            held = min(float(size), held + (now - then) * rate)
+            if held >= 1:
+                self._bucket = (held - 1, now)
+                return None
+            self._bucket = (held, now)
+            return (1 - held) / rate
 
     def _token_wait(self, tokens: int) -> float | None:
         """Admit a call's prompt tokens into the sliding window, or say when they would fit."""

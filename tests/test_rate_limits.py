@@ -113,3 +113,28 @@ def test_a_log_gets_plain_progress_lines_with_429s_and_the_pause(
     assert done == sorted(done)  # rows done only go up
     record = json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["generate"]
     assert record["rate_limited"] == sum(request.fault == "429" for request in env.requests)
+
+
+def test_a_bucket_limit_that_lets_a_burst_through_first_is_learned_and_kept(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # OpenAI's limiter refills continuously: a full bucket lets a burst through, so the first
+    # storm comes early and the rate learned from it is too high. 429s must correct it.
+    store = build_store(tmp_path / "store", docs(ROWS))
+    env.latency = 1.0
+    env.faults = Faults(bucket_rate=RATE, bucket_size=int(RATE))  # a second's worth at once
+    args = ("generate", "--chroma", str(store), "--out", "run", "--concurrency", "64")
+    result = run_cli(*args)
+    assert result.exit_code == 0, result.output
+    rows = read_csv(tmp_path / "run" / "qa_dataset.csv")
+    assert len(rows) == ROWS and {row["status"] for row in rows} == {"ok"}
+    chats = [request for request in env.requests if request.path.endswith("/chat/completions")]
+    seconds = chats[-1].at - chats[0].at + env.latency
+    ideal = (ROWS - RATE) / RATE + env.latency  # the bucket's burst, then RATE a second
+    assert ideal / seconds >= 0.85, ideal / seconds
+    limited = [request.fault == "bucket_limit" for request in chats]
+    assert sum(limited) / len(chats) <= 0.20, sum(limited) / len(chats)
+    later = [
+        hit for hit, request in zip(limited, chats, strict=True) if request.at > chats[0].at + 6
+    ]
+    assert sum(later) / len(later) <= 0.05, sum(later) / len(later)  # learned, then kept

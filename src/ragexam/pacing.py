@@ -41,9 +41,11 @@ GROWTH_AFTER_429 = 0.25  # once a limit was met, a round trip of successes adds 
 MARGIN = 0.95  # --rpm, --tpm and a learned rate pace at this share of the limit
 HORIZON = 60.0  # seconds of sends kept to learn a rate from: the longest common limit window
 GROWTH = 0.05  # a learned rate grows by this share per window of successes
-DECREASE = 0.93  # a 429 cuts a learned rate to this share ...
+DECREASE = 0.93  # 429s cut a learned rate to this share at least ...
 CUT_EVERY = 1.0  # ... at most once in this many seconds
 STORM_DECREASE = 0.7  # a storm of 429s cuts it to this share
+MIN_SPAN = 1.0  # seconds: no limit counts over less; a storm sooner follows a bucket's burst
+GROWTH_PERIOD = 5.0  # the rate grows by GROWTH per window, but no faster than per these seconds
 
 
 @dataclass
@@ -193,9 +195,11 @@ class LearnedRate:
     Retry-After then runs to when the oldest of them leaves its window. So the calls admitted,
     over the time from the first send to the end of that wait, is the limit's rate, whether
     it counts per second or per minute. From then on calls are paced at MARGIN of the rate.
-    The rate grows by GROWTH per such window while calls succeed, so a conservative first
-    guess catches up, and a 429 cuts it by DECREASE at most once per CUT_EVERY seconds (a
-    storm by STORM_DECREASE): an overshoot costs a few 429s, not a window's worth.
+    The rate grows by GROWTH per such window while calls succeed, so a low first guess
+    catches up. Once a second at most, 429s cut it by their share of the calls that ended
+    since the last cut (by 1 - DECREASE at least and 1 - STORM_DECREASE at most): a small
+    overshoot costs a few 429s, and a guess far too high, as a bucket that let a burst
+    through first gives, is corrected within seconds.
     """
 
     def __init__(self, traffic: Traffic) -> None:
@@ -204,10 +208,11 @@ class LearnedRate:
         self.span = 0.0  # seconds the limit counts over, as learned
         self._sends: deque[float] = deque()  # send times inside the HORIZON
         self._refused: deque[float] = deque()  # send times of the calls answered 429
+        self._ended = [0, 0]  # calls that ended since the last cut: ok, 429
         self._storm_at = 0.0
         self._learn_at = 0.0  # when the first storm's wait ends: the rate is learned then
         self._cut_time = 0.0
-        self._learned_at = 0.0
+        self._excused_until = 0.0  # a storm before then does not cut the rate
         self._schedule = _Schedule()
 
     def sent(self, at: float) -> None:
@@ -221,24 +226,31 @@ class LearnedRate:
         self._refused.append(sent_at)
         while self._refused[0] < now - HORIZON:
             self._refused.popleft()
+        self._ended[1] += 1
         if self.rate and now - self._cut_time >= CUT_EVERY:
-            self.rate, self._cut_time = self.rate * DECREASE, now
+            share = self._ended[1] / sum(self._ended)
+            self._cut(now, min(DECREASE, max(STORM_DECREASE, 1 - share)))
 
     def storm(self, now: float, wait: float) -> None:
         """STORM 429s in a row: the first one teaches the rate, at the end of its `wait`.
 
-        A later one cuts the rate, unless it comes within a window of learning it: until
-        then the window still holds the calls sent before, and frees them as they were sent.
+        A later one cuts the rate by STORM_DECREASE (once a second at most), unless it comes
+        within the first storm's wait after learning: a window that made us wait that long
+        still holds the calls sent before, and frees them as they were sent.
         """
-        if self.rate and now - self._learned_at > self.span:
-            self.rate, self._cut_time = self.rate * STORM_DECREASE, now
+        if self.rate and now > self._excused_until and now - self._cut_time >= CUT_EVERY:
+            self._cut(now, STORM_DECREASE)
         elif not self.rate and not self._learn_at:
             self._storm_at, self._learn_at = now, now + wait
 
+    def _cut(self, now: float, factor: float) -> None:
+        self.rate, self._cut_time, self._ended = self.rate * factor, now, [0, 0]
+
     def succeeded(self) -> None:
         """A call succeeded: the rate grows by GROWTH over one window's worth of successes."""
+        self._ended[0] += 1
         if self.rate:
-            self.rate += GROWTH / self.span
+            self.rate += GROWTH / max(self.span, GROWTH_PERIOD)
 
     async def pace(self) -> None:
         """Learn the rate when the first storm's wait is over; then space sends by it."""
@@ -251,10 +263,11 @@ class LearnedRate:
         """Calls admitted before the storm, over the time from the first to the wait's end."""
         storm, until, self._learn_at = self._storm_at, self._learn_at, 0.0
         sent = [at for at in self._sends if at <= storm]
-        admitted = len(sent) - sum(at <= storm for at in self._refused)
-        if admitted > 0 and until > sent[0]:
-            self.span = until - sent[0]
-            self.rate, self._learned_at = admitted / self.span, until
+        admitted = len(sent) - sum(at <= storm for at in self._refused)  # calls out count
+        if admitted > 0:  # a limit counts over a second at least: less is a burst let through
+            self.span = max(until - sent[0], MIN_SPAN)
+            self.rate, self._excused_until = admitted / self.span, until + (until - storm)
+            self._cut_time, self._ended = until, [0, 0]
             self.traffic.learned_rpm = round(self.rate * 60)
 
 
