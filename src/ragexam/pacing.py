@@ -41,9 +41,9 @@ GROWTH_AFTER_429 = 0.25  # once a limit was met, a round trip of successes adds 
 MARGIN = 0.95  # --rpm, --tpm and a learned rate pace at this share of the limit
 HORIZON = 60.0  # seconds of sends kept to learn a rate from: the longest common limit window
 GROWTH = 0.05  # a learned rate grows by this share per window of successes
-DECREASE = 0.93  # 429s cut a learned rate to this share at least ...
+DECREASE = 0.93  # a 429 cuts a learned rate to this share ...
 CUT_EVERY = 1.0  # ... at most once in this many seconds
-STORM_DECREASE = 0.7  # a storm of 429s cuts it to this share
+STORM_DECREASE = 0.7  # a later storm cuts it to this share at least
 MIN_SPAN = 1.0  # seconds: no limit counts over less; a storm sooner follows a bucket's burst
 GROWTH_PERIOD = 5.0  # the rate grows by GROWTH per window, but no faster than per these seconds
 
@@ -175,7 +175,7 @@ class Pacer:
                 self._cut_at, self._since_cut, self._cut_time = self._sent, [0, 0], now
         elif counted:
             self._in_a_row = 0
-            self.learned.succeeded()
+            self.learned.succeeded(time.monotonic())
             growth = (GROWTH_AFTER_429 if self._cut_at else 1.0) / self.window
             self.window = min(float(self.ceiling), self.window + growth)
         self._wake()
@@ -196,10 +196,9 @@ class LearnedRate:
     over the time from the first send to the end of that wait, is the limit's rate, whether
     it counts per second or per minute. From then on calls are paced at MARGIN of the rate.
     The rate grows by GROWTH per such window while calls succeed, so a low first guess
-    catches up. Once a second at most, 429s cut it by their share of the calls that ended
-    since the last cut (by 1 - DECREASE at least and 1 - STORM_DECREASE at most): a small
-    overshoot costs a few 429s, and a guess far too high, as a bucket that let a burst
-    through first gives, is corrected within seconds.
+    catches up, and a 429 cuts it by DECREASE, once per CUT_EVERY seconds at most: a small
+    overshoot costs a few 429s. A later storm means the rate is far too high, as a bucket
+    that let a burst through first makes it: it is cut to what the server admitted.
     """
 
     def __init__(self, traffic: Traffic) -> None:
@@ -208,11 +207,11 @@ class LearnedRate:
         self.span = 0.0  # seconds the limit counts over, as learned
         self._sends: deque[float] = deque()  # send times inside the HORIZON
         self._refused: deque[float] = deque()  # send times of the calls answered 429
-        self._ended = [0, 0]  # calls that ended since the last cut: ok, 429
+        self._done: deque[float] = deque()  # when the calls that succeeded came back
         self._storm_at = 0.0
         self._learn_at = 0.0  # when the first storm's wait ends: the rate is learned then
         self._cut_time = 0.0
-        self._excused_until = 0.0  # a storm before then does not cut the rate
+        self._set_at = 0.0  # when the rate was learned or last cut by a storm
         self._schedule = _Schedule()
 
     def sent(self, at: float) -> None:
@@ -226,31 +225,34 @@ class LearnedRate:
         self._refused.append(sent_at)
         while self._refused[0] < now - HORIZON:
             self._refused.popleft()
-        self._ended[1] += 1
         if self.rate and now - self._cut_time >= CUT_EVERY:
-            share = self._ended[1] / sum(self._ended)
-            self._cut(now, min(DECREASE, max(STORM_DECREASE, 1 - share)))
+            self.rate, self._cut_time = self.rate * DECREASE, now
 
     def storm(self, now: float, wait: float) -> None:
         """STORM 429s in a row: the first one teaches the rate, at the end of its `wait`.
 
-        A later one cuts the rate by STORM_DECREASE (once a second at most), unless it comes
-        within the first storm's wait after learning: a window that made us wait that long
-        still holds the calls sent before, and frees them as they were sent.
+        A later one cuts the rate to what the server admitted over the last window, and by
+        STORM_DECREASE at least, unless it comes within a window of the rate being set:
+        until then the window still holds the calls sent before, and frees them as they were
+        sent (and what it admitted is not yet measured).
         """
-        if self.rate and now > self._excused_until and now - self._cut_time >= CUT_EVERY:
-            self._cut(now, STORM_DECREASE)
+        if self.rate and now - self._set_at > self.span:
+            self.rate = min(self.rate * STORM_DECREASE, self._admitted(now))
+            self._set_at = self._cut_time = now
         elif not self.rate and not self._learn_at:
             self._storm_at, self._learn_at = now, now + wait
 
-    def _cut(self, now: float, factor: float) -> None:
-        self.rate, self._cut_time, self._ended = self.rate * factor, now, [0, 0]
-
-    def succeeded(self) -> None:
+    def succeeded(self, now: float) -> None:
         """A call succeeded: the rate grows by GROWTH over one window's worth of successes."""
-        self._ended[0] += 1
+        self._done.append(now)
+        while self._done[0] < now - HORIZON:
+            self._done.popleft()
         if self.rate:
             self.rate += GROWTH / max(self.span, GROWTH_PERIOD)
+
+    def _admitted(self, now: float) -> float:
+        """Calls a second that succeeded over the last window."""
+        return sum(at > now - self.span for at in self._done) / self.span
 
     async def pace(self) -> None:
         """Learn the rate when the first storm's wait is over; then space sends by it."""
@@ -266,8 +268,7 @@ class LearnedRate:
         admitted = len(sent) - sum(at <= storm for at in self._refused)  # calls out count
         if admitted > 0:  # a limit counts over a second at least: less is a burst let through
             self.span = max(until - sent[0], MIN_SPAN)
-            self.rate, self._excused_until = admitted / self.span, until + (until - storm)
-            self._cut_time, self._ended = until, [0, 0]
+            self.rate, self._set_at = admitted / self.span, until
             self.traffic.learned_rpm = round(self.rate * 60)
 
 
