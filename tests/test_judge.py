@@ -275,3 +275,43 @@ def test_a_closing_tag_in_any_case_stays_inside_the_answer(
     assert tags == ["<answer>", "</answer>"]  # only the prompt's own pair closes the data
     inside = sent.split("<answer>\n", 1)[1].split("\n</answer>", 1)[0]
     assert HOSTILE in inside
+
+
+def test_an_answer_without_an_ok_question_is_an_error_row_not_a_grade(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    exam(tmp_path / "run", 3)
+    qa = read_csv(tmp_path / "run" / "qa_dataset.csv")
+    qa[1].update(status="error", question="", ground_truth_answer="", error="no question made")
+    write_csv(tmp_path / "run" / "qa_dataset.csv", qa[:2])  # q2 is in no row of the qa dataset
+    result = run_cli("judge", "--out", "run", "--controls", "0", "--max-error-rate", "1")
+    assert result.exit_code == 0, result.output
+    rows = {row["qa_id"]: row for row in read_csv(tmp_path / "run" / "judgments.csv")}
+    assert {qa_id: row["status"] for qa_id, row in rows.items()} == {
+        "q0": "ok",
+        "q1": "error",
+        "q2": "error",
+    }
+    assert rows["q1"]["error"] == rows["q2"]["error"]
+    assert rows["q2"]["error"].startswith("no ok question with this qa_id in the qa dataset")
+    assert env.count() == 1  # only q0 was asked
+    assert "Question #0?" in user_text(env.requests[0].body)
+
+
+def test_the_exam_joins_each_ok_answer_to_its_question_and_document(tmp_path: Path) -> None:
+    from ragexam.judge import Exam, read_exams
+
+    exam(tmp_path, 4)
+    qa = read_csv(tmp_path / "qa_dataset.csv")
+    qa[2].update(status="error", question="", ground_truth_answer="")
+    write_csv(tmp_path / "qa_dataset.csv", qa[:3])  # q3 has no row
+    answers = read_csv(tmp_path / "answers.csv")  # q3, q2, q1, q0
+    answers[2].update(status="error", answer="")
+    write_csv(tmp_path / "answers.csv", answers)
+    exams, skipped = read_exams(tmp_path / "qa_dataset.csv", tmp_path / "answers.csv")
+    assert skipped == 1
+    assert exams == [
+        Exam("q3", None, None, "Answer #3.", ""),
+        Exam("q2", None, None, "Answer #2.", "doc2"),
+        Exam("q0", "Question #0?", "Truth #0.", "Answer #0.", "doc0"),
+    ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import shutil
 import socket
 import ssl
@@ -21,8 +22,8 @@ from openai_server import FakeOpenAI, Faults
 from test_judge import exam
 
 from ragexam.config import load_settings
-from ragexam.csvfile import RowLog, _checked_file, _valid_rows
-from ragexam.errors import LLMError
+from ragexam.csvfile import RowLog, _checked_file, _valid_table, read_columns, read_rows
+from ragexam.errors import InputFileError, LLMError
 from ragexam.judge import JUDGE_COLUMNS
 from ragexam.llm import LLM
 from ragexam.runner import Runner, Stage
@@ -203,6 +204,19 @@ def test_a_command_loads_only_the_libraries_it_uses() -> None:
     assert judge_loads == "[]"  # judge: no store and no numeric library
 
 
+def test_a_command_leaves_the_cycle_collector_as_it_found_it(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # judge loads its libraries and reads its inputs with the collector held, then freezes
+    # what it loaded; a caller in the same process gets the collector back, failed or not
+    exam(tmp_path / "run", 2)
+    assert run_cli("judge", "--out", "run", "--controls", "0").exit_code == 0
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    result = run_cli("judge", "--out", "elsewhere")
+    assert result.exit_code == 2, result.output
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
 def test_an_https_endpoint_is_checked_against_trusted_roots(
     env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -235,14 +249,58 @@ def test_a_valid_file_reads_the_same_in_one_pass_as_record_by_record(tmp_path: P
         "",  # a blank line is no record
         "b,plain,'-3,error\r",  # a CRLF ending, an escaped minus
         'c,"q, quoted",,ok',
+        "d,,no question,error",  # an empty question, allowed in an error row
+        'e,"\'@x","it\'s",ok',  # an escaped cell in quotes; an apostrophe inside a cell
     ]
     data = ("\n".join(lines) + "\n").encode()
-    fast = _valid_rows(data, ("qa_id",), "qa_id", ("question",))
-    assert fast == _checked_file(tmp_path / "x.csv", data, ("qa_id",), "qa_id", ("question",))
-    assert fast is not None and [row["question"] for row in fast] == ["=1+1", "plain", "q, quoted"]
+    path = tmp_path / "x.csv"
+    path.write_bytes(data)
+    args = (("qa_id",), "qa_id", ("question",))
+    assert _valid_table(data, *args) is not None  # read in one pass
+    fast = read_rows(path, *args)
+    assert fast == _checked_file(path, data, *args)
+    assert [row["question"] for row in fast] == ["=1+1", "plain", "q, quoted", "", "@x"]
     assert fast[0]["answer"] == "two\nlines" and fast[1]["answer"] == "-3"
+    assert fast[4]["answer"] == "it's"
+    columns = read_columns(path, *args)
+    assert {name: list(cells) for name, cells in columns.items()} == {
+        "qa_id": ["a", "b", "c", "d", "e"],
+        "question": ["=1+1", "plain", "q, quoted", "", "@x"],
+        "answer": ["two\nlines", "-3", "", "no question", "it's"],
+        "status": ["ok", "error", "ok", "error", "ok"],
+    }
     # any doubt goes to the careful reading, which names the line
-    assert _valid_rows(data.replace(b"b,plain", b"a,plain"), ("qa_id",), "qa_id", ()) is None
-    assert _valid_rows(data + b"d,x\n", ("qa_id",), None, ()) is None  # too few fields
-    assert _valid_rows(data + b"d,\xff,x,ok\n", ("qa_id",), None, ()) is None  # not UTF-8
-    assert _valid_rows(data + b"d,,x,ok\n", ("qa_id",), None, ("question",)) is None  # empty
+    assert _valid_table(data.replace(b"b,plain", b"a,plain"), ("qa_id",), "qa_id", ()) is None
+    assert _valid_table(data + b"f,x\n", ("qa_id",), None, ()) is None  # too few fields
+    assert _valid_table(data + b"f,\xff,x,ok\n", ("qa_id",), None, ()) is None  # not UTF-8
+    assert _valid_table(data + b"f, ,x,ok\n", ("qa_id",), None, ("question",)) is None  # empty
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"name,value\nx,'=1\n",  # after a comma
+        b"name,value\n'=1,x\n",  # after a newline
+        b"name,value\r'=1,x\r",  # after a carriage return, the file's line ending
+        b'name,value\n"\'=1",x\n',  # after the quote that opens it
+    ],
+)
+def test_an_escaped_cell_is_unescaped_wherever_it_starts(tmp_path: Path, data: bytes) -> None:
+    path = tmp_path / "x.csv"
+    path.write_bytes(data)
+    (row,) = read_rows(path, ("name",))
+    assert sorted(row.values()) == ["=1", "x"]
+
+
+def test_an_apostrophe_inside_a_cell_is_kept(tmp_path: Path) -> None:
+    path = tmp_path / "x.csv"
+    path.write_bytes(b"name,value\nit's,'quoted'\n")  # no cell escaped: none starts with '=
+    assert read_rows(path, ("name",)) == [{"name": "it's", "value": "'quoted'"}]
+
+
+def test_an_empty_filled_cell_in_an_ok_row_names_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "x.csv"
+    path.write_text("qa_id,question,status\na,Q?,ok\nb,,error\nc,  ,\n", encoding="utf-8")
+    for read in (read_rows, read_columns):
+        with pytest.raises(InputFileError, match="line 4: the question is empty"):
+            read(path, ("qa_id",), "qa_id", ("question",))

@@ -6,6 +6,7 @@ Each command imports its stage when it runs, so `ragexam --help` does not load e
 from __future__ import annotations
 
 import functools
+import gc
 import inspect
 import signal
 import threading
@@ -29,6 +30,7 @@ from ragexam.config import (
     StructuredMethod,
     debug_enabled,
 )
+from ragexam.csvfile import gc_paused
 from ragexam.display import (
     Starting,
     cost_text,
@@ -180,8 +182,23 @@ def handled(command: F) -> F:
                 f"{last.lineno}. This is a bug; RAGEXAM_DEBUG=1 shows the traceback."
             )
             raise typer.Exit(2) from None
+        finally:
+            gc.unfreeze()  # what `loading` froze: a caller in the same process collects it again
 
     return wrapper  # type: ignore[return-value]
+
+
+@contextmanager
+def loading() -> Iterator[None]:
+    """Import a stage's libraries with the cycle collector held, then freeze what they built.
+
+    Imports leave next to no garbage, yet the collector's full passes over what they build cost
+    `judge` 0.17 s while loading and 0.08-0.11 s more before its first call. Frozen, the objects
+    that live as long as the command are skipped by every later pass.
+    """
+    with gc_paused():
+        yield
+    gc.freeze()
 
 
 def sigterm_as_interrupt() -> None:
@@ -280,9 +297,10 @@ def generate(
     dry_run: DryRunOpt = False,
 ) -> None:
     """Write one question and ground-truth answer per chunk: qa_dataset.csv."""
-    from ragexam.commands import generate_setup
-    from ragexam.generate import run_generate
-    from ragexam.runner import check_error_rate
+    with loading():
+        from ragexam.commands import generate_setup
+        from ragexam.generate import run_generate
+        from ragexam.runner import check_error_rate
 
     settings, options = generate_setup(_given(generate, locals()), _notes.append)
     if dry_run:
@@ -325,9 +343,10 @@ def answer(
     dry_run: DryRunOpt = False,
 ) -> None:
     """Have the RAG system answer every question, with the source chunk's rank: answers.csv."""
-    from ragexam.answer import run_answer
-    from ragexam.commands import answer_setup
-    from ragexam.runner import check_error_rate
+    with loading():
+        from ragexam.answer import run_answer
+        from ragexam.commands import answer_setup
+        from ragexam.runner import check_error_rate
 
     settings, options = answer_setup(_given(answer, locals()), _notes.append)
     if dry_run:
@@ -365,9 +384,10 @@ def judge(
     dry_run: DryRunOpt = False,
 ) -> None:
     """Grade every answer against its ground truth: judgments.csv (and judge_controls.csv)."""
-    from ragexam.commands import judge_setup
-    from ragexam.judge import run_judge
-    from ragexam.runner import check_error_rate
+    with loading():
+        from ragexam.commands import judge_setup
+        from ragexam.judge import run_judge
+        from ragexam.runner import check_error_rate
 
     settings, options = judge_setup(_given(judge, locals()))
     if dry_run:
