@@ -30,7 +30,6 @@ from ragexam.config import (
     StructuredMethod,
     debug_enabled,
 )
-from ragexam.csvfile import gc_paused
 from ragexam.display import (
     Starting,
     cost_text,
@@ -196,9 +195,14 @@ def loading() -> Iterator[None]:
     `judge` 0.17 s while loading and 0.08-0.11 s more before its first call. Frozen, the objects
     that live as long as the command are skipped by every later pass.
     """
-    with gc_paused():
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
         yield
-    gc.freeze()
+    finally:
+        gc.freeze()  # before the collector runs again: its first pass would take them all
+        if enabled:
+            gc.enable()
 
 
 def sigterm_as_interrupt() -> None:

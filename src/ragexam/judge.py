@@ -127,15 +127,19 @@ class Exam(NamedTuple):
 def read_exams(qa_path: Path, answers_path: Path) -> tuple[list[Exam], int]:
     """Answered questions joined on qa_id, and the count of error answers skipped."""
     with gc_paused():  # a large exam is many objects, none in a cycle
-        qa = read_columns(
-            qa_path,
-            ("qa_id", "question", "ground_truth_answer"),
-            key="qa_id",
-            filled=("question", "ground_truth_answer"),
-        )
-        answers = read_columns(answers_path, ("qa_id", "answer", "status"), key="qa_id")
-        ok = [i for i, status in enumerate(answers["status"]) if status == "ok"]
-        exams = _joined(qa, [answers["qa_id"][i] for i in ok], [answers["answer"][i] for i in ok])
+        return _joined_files(qa_path, answers_path)  # its columns freed before the collector runs
+
+
+def _joined_files(qa_path: Path, answers_path: Path) -> tuple[list[Exam], int]:
+    qa = read_columns(
+        qa_path,
+        ("qa_id", "question", "ground_truth_answer"),
+        key="qa_id",
+        filled=("question", "ground_truth_answer"),
+    )
+    answers = read_columns(answers_path, ("qa_id", "answer", "status"), key="qa_id")
+    ok = [i for i, status in enumerate(answers["status"]) if status == "ok"]
+    exams = _joined(qa, [answers["qa_id"][i] for i in ok], [answers["answer"][i] for i in ok])
     return exams, len(answers["status"]) - len(ok)
 
 

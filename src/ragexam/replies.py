@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
+import httpx2
 import openai
 
 CHAT_PATH = "/chat/completions"
@@ -26,7 +26,7 @@ class NoAnswer(openai.OpenAIError):
     """A well-formed completion that holds no answer (content filter, null content)."""
 
 
-async def check_reply(response: httpx.Response) -> None:
+async def check_reply(response: httpx2.Response) -> None:
     """An httpx response hook: raise when a chat completion's 200 is not a usable completion."""
     if response.status_code != 200 or not response.request.url.path.endswith(CHAT_PATH):
         return
