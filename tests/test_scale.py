@@ -298,6 +298,19 @@ def test_an_apostrophe_inside_a_cell_is_kept(tmp_path: Path) -> None:
     assert read_rows(path, ("name",)) == [{"name": "it's", "value": "'quoted'"}]
 
 
+def test_a_file_the_one_pass_doubts_reads_the_same_as_columns(tmp_path: Path) -> None:
+    path = tmp_path / "x.csv"
+    path.write_text("qa_id,question,status,\na,Q?,ok,\nb,R?,error,\n", encoding="utf-8")
+    data = path.read_bytes()
+    assert _valid_table(data, ("qa_id",), "qa_id", ()) is None  # a column without a name
+    assert read_rows(path, ("qa_id",), "qa_id") == [
+        {"qa_id": "a", "question": "Q?", "status": "ok"},
+        {"qa_id": "b", "question": "R?", "status": "error"},
+    ]
+    columns = read_columns(path, ("qa_id",), "qa_id")
+    assert columns == {"qa_id": ["a", "b"], "question": ["Q?", "R?"], "status": ["ok", "error"]}
+
+
 def test_an_empty_filled_cell_in_an_ok_row_names_its_line(tmp_path: Path) -> None:
     path = tmp_path / "x.csv"
     path.write_text("qa_id,question,status\na,Q?,ok\nb,,error\nc,  ,\n", encoding="utf-8")
