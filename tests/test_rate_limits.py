@@ -123,7 +123,9 @@ def test_a_bucket_limit_that_lets_a_burst_through_first_is_learned_and_kept(
     store = build_store(tmp_path / "store", docs(ROWS))
     env.latency = 1.0
     env.faults = Faults(bucket_rate=RATE, bucket_size=int(RATE))  # a second's worth at once
-    args = ("generate", "--chroma", str(store), "--out", "run", "--concurrency", "64")
+    # 32 in flight, twice what the limit needs: the first burst's 429s, which nothing can
+    # know to avoid, are then not most of the bound below.
+    args = ("generate", "--chroma", str(store), "--out", "run", "--concurrency", "32")
     result = run_cli(*args)
     assert result.exit_code == 0, result.output
     rows = read_csv(tmp_path / "run" / "qa_dataset.csv")
