@@ -587,106 +587,34 @@ def run(
 
         settings, first, second, third = run_setup(given, _notes.append)
         return show_estimates(estimate_run(settings, first, second, third, controls))
+    # What every stage of the run shares, given once so that the control runs cannot drift.
+    calls: dict[str, Any] = dict(
+        limit=limit, concurrency=concurrency, model=model, max_error_rate=max_error_rate,
+        force=force, rpm=rpm, tpm=tpm,
+    )  # fmt: skip
+    store: dict[str, Any] = dict(
+        chroma=chroma, chroma_url=chroma_url, collection=collection, chroma_tenant=chroma_tenant,
+        chroma_database=chroma_database, max_chunk_chars=max_chunk_chars,
+    )  # fmt: skip
+    reading: dict[str, Any] = dict(texts=texts, trust_store_endpoint=trust_store_endpoint)
+    grading: dict[str, Any] = dict(
+        samples=samples, temperature=temperature, scale=scale, structured_output=structured_output
+    )
     generate(
-        chroma=chroma,
-        chroma_url=chroma_url,
-        collection=collection,
-        out=out,
-        limit=limit,
-        concurrency=concurrency,
-        model=model,
-        doc_key=doc_key,
-        max_error_rate=max_error_rate,
-        structured_output=structured_output,
-        force=force,
-        sample=sample,
-        per_document=per_document,
-        seed=seed,
-        split=split,
-        check=check,
-        max_chunk_chars=max_chunk_chars,
-        chroma_tenant=chroma_tenant,
-        chroma_database=chroma_database,
-        rpm=rpm,
-        tpm=tpm,
-    )
+        out=out, doc_key=doc_key, structured_output=structured_output, sample=sample,
+        per_document=per_document, seed=seed, split=split, check=check, **store, **calls,
+    )  # fmt: skip
     answer(
-        chroma=chroma,
-        chroma_url=chroma_url,
-        collection=collection,
-        out=out,
-        k=k,
-        embedding=embedding,
-        rag=rag,
-        limit=limit,
-        texts=texts,
-        max_chunk_chars=max_chunk_chars,
-        chroma_tenant=chroma_tenant,
-        chroma_database=chroma_database,
-        concurrency=concurrency,
-        model=model,
-        max_error_rate=max_error_rate,
-        force=force,
-        trust_store_endpoint=trust_store_endpoint,
-        context=context,
-        rag_timeout=rag_timeout,
-        rpm=rpm,
-        tpm=tpm,
-    )
+        out=out, k=k, embedding=embedding, rag=rag, context=context, rag_timeout=rag_timeout,
+        **store, **reading, **calls,
+    )  # fmt: skip
     with _verdict_said_by_stats():
-        judge(
-            out=out,
-            samples=samples,
-            temperature=temperature,
-            scale=scale,
-            limit=limit,
-            concurrency=concurrency,
-            model=model,
-            max_error_rate=max_error_rate,
-            structured_output=structured_output,
-            force=force,
-            seed=seed,
-            controls=judge_controls,
-            rpm=rpm,
-            tpm=tpm,
-        )
+        judge(out=out, seed=seed, controls=judge_controls, **grading, **calls)
     for folder, kind in CONTROL_RUNS.items() if controls else ():
-        answer(
-            chroma=chroma,
-            chroma_url=chroma_url,
-            collection=collection,
-            out=out / folder,
-            qa_dataset=out / "qa_dataset.csv",
-            limit=limit,
-            concurrency=concurrency,
-            model=model,
-            max_error_rate=max_error_rate,
-            force=force,
-            context=kind,
-            trust_store_endpoint=trust_store_endpoint,
-            texts=texts,
-            max_chunk_chars=max_chunk_chars,
-            chroma_tenant=chroma_tenant,
-            chroma_database=chroma_database,
-            rpm=rpm,
-            tpm=tpm,
-        )
-        judge(
-            out=out / folder,
-            qa_dataset=out / "qa_dataset.csv",
-            samples=samples,
-            temperature=temperature,
-            scale=scale,
-            limit=limit,
-            concurrency=concurrency,
-            model=model,
-            max_error_rate=max_error_rate,
-            structured_output=structured_output,
-            force=force,
-            controls=0,  # the judge's known-answer controls are graded once, in the exam run
-            rpm=rpm,
-            tpm=tpm,
-        )
+        exam = out / "qa_dataset.csv"
+        answer(out=out / folder, qa_dataset=exam, context=kind, **store, **reading, **calls)
+        # the judge's known-answer controls are graded once, in the exam run
+        judge(out=out / folder, qa_dataset=exam, controls=0, **grading, **calls)
     _show_run_cost(out)
     stats(out=out, k=k, seed=seed, exclude_flagged=exclude_flagged, fail_under=fail_under)
 
