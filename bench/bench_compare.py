@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 from bench_stats import FILES, write_run
 
-from ragexam.compare import run_compare
+from ragexam.analysis.compare import run_compare
 
 
 def write_runs(root: Path, rows: int, documents: int) -> tuple[Path, Path]:

@@ -19,7 +19,7 @@ from typing import Any
 
 from common import FakeOpenAI, parse_args, print_rates
 
-from ragexam import answer as answer_module
+from ragexam.stages import answer as answer_module
 
 BATCH = 64
 
@@ -67,7 +67,7 @@ def main() -> None:
     """Run the stage in this process with timed store reads, then compare read sizes."""
     args = parse_args()
     from ragexam.config import AnswerContext, load_settings
-    from ragexam.store import StoreRef, get_chunks, open_collection
+    from ragexam.store.chroma import StoreRef, get_chunks, open_collection
 
     with tempfile.TemporaryDirectory() as name, FakeOpenAI(latency=args.latency) as server:
         tmp = Path(name)

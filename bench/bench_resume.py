@@ -16,9 +16,9 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from ragexam.csvfile import RowLog
-from ragexam.judge import JUDGE_COLUMNS
-from ragexam.runner import Runner, Stage
+from ragexam.io.csvfile import RowLog
+from ragexam.stages.judge import JUDGE_COLUMNS
+from ragexam.stages.runner import Runner, Stage
 
 ROW = {
     "completeness": 1.0,

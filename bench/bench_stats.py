@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ragexam.stats import StatsOptions, run_stats
+from ragexam.analysis.stats import StatsOptions, run_stats
 
 FILES = ("qa_dataset.csv", "answers.csv", "judgments.csv")
 ERROR_SHARE = 0.01

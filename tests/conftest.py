@@ -21,8 +21,8 @@ from langchain_core.embeddings import DeterministicFakeEmbedding
 from openai_server import FakeOpenAI
 from typer.testing import CliRunner
 
-from ragexam.cli import app
-from ragexam.csvfile import RowLog, scan
+from ragexam.cli.app import app
+from ragexam.io.csvfile import RowLog, scan
 
 # -- fake OpenAI server ---------------------------------------------------------------------------
 # A fresh server per test: it costs about a millisecond and no knob or request log can leak.

@@ -14,7 +14,7 @@ from test_generate import docs
 from test_rate_limits import LIMIT, RATE, ROWS, WINDOW
 
 import ragexam
-from ragexam import cli
+from ragexam.cli import app as cli
 from ragexam.errors import GateFailed
 
 PRICE_INPUT, PRICE_OUTPUT = 100.0, 400.0

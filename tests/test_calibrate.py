@@ -12,7 +12,7 @@ from conftest import run_cli
 from judges import truthful
 from openai_server import FakeOpenAI
 
-from ragexam.calibrate import agreement, quadratic_kappa, spearman_ci
+from ragexam.analysis.calibrate import agreement, quadratic_kappa, spearman_ci
 
 # Question i's answer holds the first SAID[i] of its ground truth's 4 words, then EXTRA[i] others,
 # so the truthful (word overlap) judge grades completeness SAID/4 and conciseness SAID/(SAID+EXTRA).

@@ -12,7 +12,8 @@ from langchain_core.documents import Document
 from openai_server import FakeOpenAI
 from rich.console import Console
 
-from ragexam import __version__, display
+from ragexam import __version__
+from ragexam.cli import display
 
 
 def test_help_shows_defaults_in_brackets_and_force_as_a_flag(

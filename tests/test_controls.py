@@ -14,8 +14,8 @@ from test_answer import write_qa
 from test_generate import docs
 from world import World
 
-from ragexam.controlruns import measured_diagnosis
-from ragexam.csvfile import read_rows
+from ragexam.analysis.controlruns import measured_diagnosis
+from ragexam.io.csvfile import read_rows
 
 
 def run_world(env: FakeOpenAI, tmp_path: Path, world: World, *extra: str) -> Path:

@@ -13,8 +13,8 @@ from conftest import run_cli
 from ir_measures import RR, R, Success, nDCG
 from test_stats import ANSWER_HEADER, JUDGE_HEADER, QA_HEADER, write_csv
 
-from ragexam.csvfile import read_rows
-from ragexam.cutoffs import cutoff_columns, cutoffs_for
+from ragexam.analysis.cutoffs import cutoff_columns, cutoffs_for
+from ragexam.io.csvfile import read_rows
 
 # One document's answered questions: source chunk at ranks 1, 2, 4 and 7, and one miss.
 RANKS = [1, 2, 4, 7, None]

@@ -18,7 +18,7 @@ from openai_server import FakeOpenAI
 from test_answer import make_store, ranked_questions, write_qa
 from test_generate import docs
 
-from ragexam.csvfile import read_rows
+from ragexam.io.csvfile import read_rows
 
 N = 6
 
@@ -132,7 +132,8 @@ def test_a_killed_writer_leaves_no_lock_behind(env: FakeOpenAI, tmp_path: Path) 
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; from ragexam.lock import run_folder_lock\n"
+            "import sys, time; from pathlib import Path\n"
+            "from ragexam.io.lock import run_folder_lock\n"
             "with run_folder_lock(Path('run')):\n    print('held', flush=True); time.sleep(60)",
         ],
         stdout=subprocess.PIPE,

@@ -16,7 +16,7 @@ from openai_server import FakeOpenAI
 from test_answer import make_store, write_qa
 from test_generate import docs
 
-from ragexam.csvfile import read_rows
+from ragexam.io.csvfile import read_rows
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

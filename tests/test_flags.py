@@ -12,8 +12,8 @@ from openai_server import JSON, FakeOpenAI, Reply
 from test_stats import ANSWER_HEADER, JUDGE_HEADER, write_csv
 from world import section
 
-from ragexam.csvfile import read_rows
-from ragexam.flags import cheap_flags
+from ragexam.io.csvfile import read_rows
+from ragexam.stages.flags import cheap_flags
 
 FILLER = " It is inspected every spring by the maintenance crew and logged in the plant register."
 # chunk key -> (question, ground truth) the exam writer returns for it

@@ -13,7 +13,7 @@ from conftest import build_store, read_csv, run_cli
 from langchain_core.documents import Document
 from openai_server import FakeOpenAI, Faults, Reply
 
-from ragexam.generate import qa_id_for
+from ragexam.stages.generate import qa_id_for
 
 
 def docs(n: int, prefix: str = "Fact") -> list[Document]:

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from ragexam.grouped import FLIP_RESAMPLES, grouped_compare, grouped_sign_flip_test
-from ragexam.resampling import EXACT_FLIPS, randomization_test
+from ragexam.analysis.grouped import FLIP_RESAMPLES, grouped_compare, grouped_sign_flip_test
+from ragexam.analysis.resampling import EXACT_FLIPS, randomization_test
 
 
 def enumerated_p(differences: list[float]) -> float:
@@ -96,7 +96,7 @@ def test_resampling_runs_blas_on_one_thread_and_restores_it() -> None:
     import scipy.linalg  # noqa: F401  (scipy brings a BLAS of its own: both must be pinned)
     from threadpoolctl import threadpool_info
 
-    from ragexam.resampling import one_blas_thread
+    from ragexam.analysis.resampling import one_blas_thread
 
     def blas_threads() -> list[int]:
         return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]

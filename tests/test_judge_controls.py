@@ -12,7 +12,7 @@ from judges import constant, lenient_about_padding, truthful
 from openai_server import FakeOpenAI
 from world import World
 
-from ragexam.controls import Bounds, Source, build_controls
+from ragexam.analysis.controls import Bounds, Source, build_controls
 
 KINDS = ("verbatim", "dont_know", "padded", "wrong")
 

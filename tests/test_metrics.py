@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from ir_measures import AP, RR, R, Success, nDCG
 
-from ragexam.metrics import (
+from ragexam.analysis.metrics import (
     RetrievalScores,
     average_precision,
     f1,
@@ -24,7 +24,7 @@ from ragexam.metrics import (
     score_rank,
     score_ranking,
 )
-from ragexam.resampling import (
+from ragexam.analysis.resampling import (
     bootstrap_ci,
     compare_paired,
     paired_bootstrap_ci,

@@ -97,7 +97,7 @@ def test_rpm_paces_calls_under_the_limit(env: FakeOpenAI, tmp_path: Path) -> Non
 def test_a_log_gets_plain_progress_lines_with_429s_and_the_pause(
     env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("ragexam.display.PLAIN_EVERY", 0.2)  # 10 s in real use
+    monkeypatch.setattr("ragexam.cli.display.PLAIN_EVERY", 0.2)  # 10 s in real use
     store = build_store(tmp_path / "store", docs(40))
     env.latency = 0.05
     env.faults = Faults(rate_429=0.3, retry_after="1", max_faults_per_body=1)

@@ -15,7 +15,7 @@ from openai_server import FakeOpenAI, Quirks, Reply
 from test_generate import docs
 from test_judge import exam, grade, number
 
-from ragexam.endpoint import ReplyBound
+from ragexam.llm.endpoint import ReplyBound
 
 
 def manifest(run: Path) -> dict[str, Any]:

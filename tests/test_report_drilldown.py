@@ -80,7 +80,7 @@ def test_every_question_is_in_the_report_with_what_explains_it(tmp_path: Path) -
 def test_past_its_limit_the_drill_down_holds_the_lowest_graded_of_every_document(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("ragexam.drilldown.SHOWN_QUESTIONS", 7)
+    monkeypatch.setattr("ragexam.report.drilldown.SHOWN_QUESTIONS", 7)
     truth = drill_run(tmp_path / "run", 60)
     assert run_cli("stats", "--out", str(tmp_path / "run")).exit_code == 0
     html = (tmp_path / "run" / "report.html").read_text(encoding="utf-8")

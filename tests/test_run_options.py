@@ -9,7 +9,7 @@ from conftest import build_store, read_csv, run_cli
 from openai_server import FakeOpenAI
 from test_generate import docs
 
-from ragexam.cli import app
+from ragexam.cli.app import app
 
 NOT_FOR_RUN = {"--qa-dataset", "--answers"}  # run makes these files itself
 

@@ -10,8 +10,8 @@ from conftest import build_store, read_csv, run_cli
 from langchain_core.documents import Document
 from openai_server import FakeOpenAI
 
+from ragexam.analysis.sampling import Sampling, allocate, assign_splits
 from ragexam.errors import ConfigError
-from ragexam.sampling import Sampling, allocate, assign_splits
 
 
 @pytest.mark.parametrize(

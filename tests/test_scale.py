@@ -22,11 +22,11 @@ from openai_server import FakeOpenAI, Faults
 from test_judge import exam
 
 from ragexam.config import load_settings
-from ragexam.csvfile import RowLog, _checked_file, _valid_table, read_columns, read_rows
 from ragexam.errors import InputFileError, LLMError
-from ragexam.judge import JUDGE_COLUMNS
-from ragexam.llm import LLM
-from ragexam.runner import Runner, Stage
+from ragexam.io.csvfile import RowLog, _checked_file, _valid_table, read_columns, read_rows
+from ragexam.llm.client import LLM
+from ragexam.stages.judge import JUDGE_COLUMNS
+from ragexam.stages.runner import Runner, Stage
 
 
 def test_resuming_a_file_of_ok_rows_appends_to_it_in_place(env: FakeOpenAI, tmp_path: Path) -> None:
@@ -189,13 +189,13 @@ def test_the_proxy_the_environment_names_is_used(
 def test_a_command_loads_only_the_libraries_it_uses() -> None:
     code = (
         "import sys\n"
-        "from ragexam.cli import app\n"
+        "from ragexam.cli.app import app\n"
         "try:\n"
         "    app(['--help'], standalone_mode=False)\n"
         "finally:\n"
         "    heavy = ('openai', 'langchain_core', 'chromadb', 'pandas', 'numpy', 'aiohttp')\n"
         "    print([name for name in heavy if name in sys.modules])\n"
-        "    import ragexam.judge\n"
+        "    import ragexam.stages.judge\n"
         "    print([name for name in ('chromadb', 'pandas', 'numpy') if name in sys.modules])\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

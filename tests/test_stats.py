@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from conftest import run_cli
 
-from ragexam.csvfile import read_rows
-from ragexam.grouped import grouped_bootstrap_ci
+from ragexam.analysis.grouped import grouped_bootstrap_ci
+from ragexam.io.csvfile import read_rows
 
 QA_HEADER = ["qa_id", "chunk_id", "document", "question", "ground_truth_answer", "status", "error"]
 ANSWER_HEADER = ["qa_id", "answer", "retrieved_ids", "target_rank", "status", "error"]

@@ -9,12 +9,12 @@ import openai
 import pytest
 from langchain_core.messages import AIMessage
 
-from ragexam.csvfile import RowLog, escape_cell, unescape_cell
 from ragexam.errors import OutputError
-from ragexam.generate import QAPair
-from ragexam.llm import retry_after
-from ragexam.prompts import load_prompt, prompts_dir
-from ragexam.structured import parse_structured, tolerant_json
+from ragexam.io.csvfile import RowLog, escape_cell, unescape_cell
+from ragexam.llm.client import retry_after
+from ragexam.llm.prompts import load_prompt, prompts_dir
+from ragexam.llm.structured import parse_structured, tolerant_json
+from ragexam.stages.generate import QAPair
 
 
 @pytest.mark.parametrize("path", sorted(prompts_dir().glob("*.toml")), ids=lambda p: p.stem)

@@ -52,7 +52,7 @@ def as_nobody(env: FakeOpenAI, shared: Path) -> Run:
         )
 
     probe = subprocess.run(
-        [*AS_NOBODY, sys.executable, "-c", "import ragexam.cli"], capture_output=True, text=True
+        [*AS_NOBODY, sys.executable, "-c", "import ragexam.cli.app"], capture_output=True, text=True
     )
     if probe.returncode != 0:
         pytest.skip(f"nobody cannot run this Python and its packages: {probe.stderr[-200:]}")

@@ -27,8 +27,8 @@ from ragexam.config import AnswerContext, Scale, Settings, StructuredMethod
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ragexam.dryrun import Estimate
-    from ragexam.runner import StageResult
+    from ragexam.stages.dryrun import Estimate
+    from ragexam.stages.runner import StageResult
 
 T = TypeVar("T")
 PathLike = str | Path
@@ -59,7 +59,7 @@ class Result:
 
 
 def _unescape(value: Any) -> Any:
-    from ragexam.csvfile import unescape_cell
+    from ragexam.io.csvfile import unescape_cell
 
     return unescape_cell(value) if isinstance(value, str) else value
 
@@ -76,8 +76,8 @@ def _in_own_loop(call: Callable[[], T]) -> T:
 
 def _stage(result: StageResult, name: str, settings: Settings, stage: str | None = None) -> Result:
     """The stage's Result, its cost recorded as the CLI records it; raises on too many errors."""
-    from ragexam.prices import record_cost
-    from ragexam.runner import check_error_rate
+    from ragexam.llm.prices import record_cost
+    from ragexam.stages.runner import check_error_rate
 
     cost, _ = record_cost(result.path.parent, stage or name, settings)
     check_error_rate(result.path, settings.max_error_rate)
@@ -121,10 +121,10 @@ def generate(
     """Write qa_dataset.csv: one question and ground-truth answer per chunk."""
     settings, options = generate_setup(locals())
     if dry_run:
-        from ragexam.dryrun import estimate_generate
+        from ragexam.stages.dryrun import estimate_generate
 
         return dry_run_result([estimate_generate(settings, options)])
-    from ragexam.generate import run_generate
+    from ragexam.stages.generate import run_generate
 
     result = _in_own_loop(lambda: run_generate(settings, options))
     return _stage(result, "qa_dataset", settings, "generate")
@@ -159,10 +159,10 @@ def answer(
     """Write answers.csv; `rag` is "module:callable", or a callable or Runnable object."""
     settings, options = answer_setup(locals())
     if dry_run:
-        from ragexam.dryrun import estimate_answer
+        from ragexam.stages.dryrun import estimate_answer
 
         return dry_run_result([estimate_answer(settings, options)])
-    from ragexam.answer import run_answer
+    from ragexam.stages.answer import run_answer
 
     result = _in_own_loop(lambda: run_answer(settings, options))
     return _stage(result, "answers", settings, "answer")
@@ -191,10 +191,10 @@ def judge(
     """Write judgments.csv, and judge_controls.csv unless `controls=0`."""
     settings, options = judge_setup(locals())
     if dry_run:
-        from ragexam.dryrun import estimate_judge
+        from ragexam.stages.dryrun import estimate_judge
 
         return dry_run_result(estimate_judge(settings, options))
-    from ragexam.judge import run_controls, run_judge
+    from ragexam.stages.judge import run_controls, run_judge
 
     result = _in_own_loop(lambda: run_judge(settings, options))
     if not controls:
@@ -218,8 +218,8 @@ def stats(
 
     `fail_under="completeness=0.7,hit_rate=0.8"` raises GateFailed after writing them.
     """
-    from ragexam.gates import check_bounds, parse_bounds
-    from ragexam.stats import StatsOptions, run_stats
+    from ragexam.analysis.gates import check_bounds, parse_bounds
+    from ragexam.analysis.stats import StatsOptions, run_stats
 
     bounds = parse_bounds(fail_under) if fail_under is not None else None
     result = run_stats(StatsOptions(Path(out), k, seed, split, exclude_flagged))
@@ -238,8 +238,8 @@ def compare(
     fail_on_regression: bool = False,
 ) -> Result:
     """Write comparison.csv: paired differences per metric and document; figures hold warnings."""
-    from ragexam.compare import run_compare
-    from ragexam.gates import check_regressions
+    from ragexam.analysis.compare import run_compare
+    from ragexam.analysis.gates import check_regressions
 
     result = run_compare(Path(run_a), Path(run_b), Path(out or run_b), seed)
     if fail_on_regression:

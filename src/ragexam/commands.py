@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from ragexam.config import AnswerContext, Scale, Settings, load_settings
 from ragexam.errors import ConfigError
-from ragexam.store import StoreRef
+from ragexam.store.chroma import StoreRef
 
 if TYPE_CHECKING:
-    from ragexam.answer import AnswerOptions
-    from ragexam.generate import GenerateOptions
-    from ragexam.judge import JudgeOptions
+    from ragexam.stages.answer import AnswerOptions
+    from ragexam.stages.generate import GenerateOptions
+    from ragexam.stages.judge import JudgeOptions
 
 Given = Mapping[str, Any]  # a command's options by name, every one of them present
 Notify = Callable[[str], None]  # told what the store reading notes, e.g. a copy was read
@@ -57,8 +57,8 @@ def _path(value: str | Path | None) -> Path | None:
 
 def generate_setup(given: Given, notify: Notify | None = None) -> tuple[Settings, GenerateOptions]:
     """generate's settings and options."""
-    from ragexam.generate import GenerateOptions
-    from ragexam.sampling import Sampling
+    from ragexam.analysis.sampling import Sampling
+    from ragexam.stages.generate import GenerateOptions
 
     settings = _settings(
         given,
@@ -76,7 +76,7 @@ def generate_setup(given: Given, notify: Notify | None = None) -> tuple[Settings
 
 def answer_setup(given: Given, notify: Notify | None = None) -> tuple[Settings, AnswerOptions]:
     """answer's settings and options; the store only when something reads it."""
-    from ragexam.answer import AnswerOptions
+    from ragexam.stages.answer import AnswerOptions
 
     settings = _settings(
         given,
@@ -109,7 +109,7 @@ def answer_setup(given: Given, notify: Notify | None = None) -> tuple[Settings, 
 
 def judge_setup(given: Given) -> tuple[Settings, JudgeOptions]:
     """judge's settings and options."""
-    from ragexam.judge import JudgeOptions
+    from ragexam.stages.judge import JudgeOptions
 
     settings = _settings(
         given, judge_model=given["model"], structured_output=given["structured_output"]
@@ -136,7 +136,7 @@ def check_run(given: Given) -> None:
             "their completeness would compare two answerers; run them without --rag"
         )
     if given["fail_under"] is not None:
-        from ragexam.gates import parse_bounds
+        from ragexam.analysis.gates import parse_bounds
 
         parse_bounds(given["fail_under"])
 

@@ -11,7 +11,7 @@ from ragexam.api import PathLike, Result, answer, dry_run_result, generate, judg
 from ragexam.commands import CONTROL_RUNS, check_run, run_setup
 
 if TYPE_CHECKING:
-    from ragexam.dryrun import Estimate
+    from ragexam.stages.dryrun import Estimate
 
 STAGES = ("generate", "answer", "judge", "stats")
 
@@ -51,7 +51,7 @@ def run(
     check_run(given)
     if dry_run:
         return dry_run_result(_estimate_run(given))
-    from ragexam.generate import QA_FILE
+    from ragexam.stages.generate import QA_FILE
 
     own["judge"]["controls"] = judge_controls
     results = {
@@ -70,7 +70,7 @@ def run(
 
 def _whole(out: Path, results: dict[str, Result]) -> Result:
     """run's Result: every file (a control run's as `gold/answers`), figures by stage."""
-    from ragexam.prices import record_total
+    from ragexam.llm.prices import record_total
 
     paths: dict[str, Path] = {}
     for stage, result in results.items():
@@ -81,7 +81,7 @@ def _whole(out: Path, results: dict[str, Result]) -> Result:
 
 
 def _estimate_run(given: dict[str, Any]) -> list[Estimate]:
-    from ragexam.dryrun import estimate_run
+    from ragexam.stages.dryrun import estimate_run
 
     settings, first, second, third = run_setup(given)
     return estimate_run(settings, first, second, third, given["controls"])

@@ -1,0 +1,1 @@
+"""What the run folder says: metrics, summaries, resampling, comparisons and calibration."""

@@ -1,0 +1,163 @@
+"""Compare two runs on their shared qa_ids: differences, paired CIs, randomisation p-values."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from rich.table import Table
+from rich.text import Text
+
+from ragexam.analysis.grouped import grouped_compare
+from ragexam.analysis.resampling import compare_paired
+from ragexam.analysis.stats import QA_FILE, load_questions, rank_index, resolve_k, score_table
+from ragexam.cli.display import printable
+from ragexam.errors import InputFileError
+from ragexam.io.csvfile import atomic_file, escape_cell
+from ragexam.io.manifest import read_manifest
+
+# metric -> (the per-question flag that says it has a value, its column in score_table or None)
+METRICS = {
+    "completeness": ("judged", None),
+    "conciseness": ("judged", None),
+    "hit": ("answered", 0),
+    "rr": ("answered", 1),
+    "ndcg": ("answered", 3),
+}
+# What must match for the scores of two runs to be comparable: (stage, manifest field).
+CHECKED = [("generate", "model"), ("generate", "prompt"), ("generate", "collection")]
+CHECKED += [("judge", "model"), ("judge", "prompt")]
+COLUMNS = ["document", "metric", "mean_a", "mean_b", "diff", "ci_low", "ci_high", "p_value"]
+COLUMNS += ["improved", "worse", "same", "n"]
+TERMINAL_DOCUMENTS = 20
+SIGNIFICANT = 0.05
+
+
+@dataclass(frozen=True)
+class CompareResult:
+    """Per metric and per document: the comparison table, warnings, and the CSV written."""
+
+    table: pd.DataFrame
+    warnings: list[str]
+    path: Path
+
+
+def run_compare(run_a: Path, run_b: Path, out: Path, seed: int = 0) -> CompareResult:
+    """Pair the runs on qa_id and write comparison.csv into `out`."""
+    scores_a, scores_b = _scores(run_a), _scores(run_b)
+    paired = scores_a.merge(scores_b, on="qa_id", suffixes=("_a", "_b"))
+    if paired.empty:
+        raise InputFileError(
+            run_b / QA_FILE, f"shares no qa_id with {run_a / QA_FILE}; compare runs of one exam"
+        )
+    warnings = manifest_warnings(run_a, run_b)
+    left_out = len(scores_a) + len(scores_b) - 2 * len(paired)
+    if left_out:
+        warnings.append(f"questions in only one of the runs are left out: {left_out}")
+    table = _rows(paired, seed)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "comparison.csv"
+    with atomic_file(path) as handle:
+        table.assign(document=table["document"].map(escape_cell)).to_csv(handle, index=False)
+    return CompareResult(table, warnings, path)
+
+
+def _scores(run: Path) -> pd.DataFrame:
+    """One row per question: document, and each metric where it has a value (else NaN)."""
+    questions = load_questions(run)
+    k = resolve_k(run, None)
+    table = score_table(k)[rank_index(questions, k)]
+    scores = questions[["qa_id", "document"]].astype({"document": str})
+    for metric, (flag, column) in METRICS.items():
+        values = questions[metric].to_numpy() if column is None else table[:, column]
+        scores[metric] = np.where(questions[flag].to_numpy(), values, np.nan)
+    return scores
+
+
+def _rows(paired: pd.DataFrame, seed: int) -> pd.DataFrame:
+    """compare_paired for every metric over all questions (ALL), and per document of run A.
+
+    The documents are compared all at once (grouped.grouped_compare), not one by one.
+    """
+    codes, documents = pd.factorize(paired["document_a"], sort=True)
+    overall, by_document = [], []
+    for metric in METRICS:
+        a, b = paired[f"{metric}_a"].to_numpy(), paired[f"{metric}_b"].to_numpy()
+        both = ~np.isnan(a) & ~np.isnan(b)  # ok in both runs
+        comparison = compare_paired(a[both], b[both], seed=seed)
+        overall.append({"document": "ALL", "metric": metric, **asdict(comparison)})
+        figures = grouped_compare(codes[both], a[both], b[both], len(documents), seed=seed)
+        by_document.append(
+            pd.DataFrame({"document": documents.astype(str), "metric": metric} | figures)
+        )
+    ordered = pd.concat(by_document).sort_index(kind="stable")  # each document's metrics together
+    return pd.concat([pd.DataFrame(overall), ordered], ignore_index=True)[COLUMNS]
+
+
+def _field(manifest: dict[str, Any], stage: str, name: str) -> Any:
+    stages = manifest.get("stages")
+    record = stages.get(stage) if isinstance(stages, dict) else None
+    return record.get(name) if isinstance(record, dict) else None
+
+
+def manifest_warnings(run_a: Path, run_b: Path) -> list[str]:
+    """What differs between the runs' manifests in what the scores depend on."""
+    manifests = {run_a: read_manifest(run_a), run_b: read_manifest(run_b)}
+    lacking = [str(run) for run, manifest in manifests.items() if not manifest]
+    if lacking:
+        return [f"no manifest.json in {' and '.join(lacking)}: models and prompts are unchecked"]
+    warnings = []
+    first, second = manifests[run_a], manifests[run_b]
+    for stage, name in CHECKED:
+        old, new = _field(first, stage, name), _field(second, stage, name)
+        if old is not None and new is not None and old != new:
+            what = "prompt hash" if name == "prompt" else name
+            warnings.append(f"the runs differ in {stage} {what}: {old!r} (A) and {new!r} (B)")
+    k_a, k_b = resolve_k(run_a, None), resolve_k(run_b, None)
+    if k_a != k_b:
+        warnings.append(f"the runs retrieved different k: {k_a} (A) and {k_b} (B)")
+    return warnings
+
+
+def comparison_table(result: CompareResult) -> Table:
+    """The comparison as a rich table."""
+    table = result.table
+    overall = table[table["document"] == "ALL"]
+    changed = table[(table["document"] != "ALL") & (table["p_value"] < SIGNIFICANT)]
+    shown = changed.reindex(changed["diff"].abs().sort_values(ascending=False).index)
+    shown = shown.head(TERMINAL_DOCUMENTS)
+    rich = Table(
+        title="Run B against run A, paired on qa_id",
+        caption=f"diff = B - A with its 95% paired bootstrap CI; p: paired randomisation test. "
+        f"Per document only p < {SIGNIFICANT} ({len(shown)} of {len(changed)} shown; no "
+        f"correction for many comparisons); every row is in {result.path.name}",
+    )
+    for header in ("document", "metric", "A", "B", "diff", "95% CI", "p", "better/worse/same"):
+        rich.add_column(header, justify="left" if header in ("document", "metric") else "right")
+    for _, row in overall.iterrows():
+        rich.add_row(*_cells(row), style="bold")
+    rich.add_section()
+    for _, row in shown.iterrows():
+        rich.add_row(*_cells(row))
+    return rich
+
+
+def _cells(row: pd.Series) -> list[Text]:
+    """One row: the means, B - A with its CI and p-value, and the counts; a dash with no pairs."""
+    numbers = ["-"] * 5
+    if row["n"]:
+        numbers = [f"{row['mean_a']:.3f}", f"{row['mean_b']:.3f}", f"{row['diff']:+.3f}"]
+        numbers += [f"[{row['ci_low']:+.3f}, {row['ci_high']:+.3f}]", f"{row['p_value']:.2g}"]
+    colour = "green" if row["diff"] > 0 else "red" if row["diff"] < 0 else ""
+    counts = "/".join(str(row[name]) for name in ("improved", "worse", "same"))
+    cells = [
+        Text(printable(str(row["document"]))),
+        Text(str(row["metric"])),
+        *map(Text, numbers),
+        Text(counts),
+    ]
+    cells[4].stylize(colour)
+    return cells

@@ -1,0 +1,264 @@
+"""What the terminal shows while a stage runs and when it ends: a progress bar, a summary."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.status import Status
+from rich.text import Text
+
+if TYPE_CHECKING:
+    from ragexam.llm.pacing import Traffic
+    from ragexam.llm.prices import RunCost
+    from ragexam.stages.dryrun import Estimate
+    from ragexam.stages.runner import StageResult
+
+err = Console(stderr=True)
+PLAIN_EVERY = 10.0  # seconds between plain progress lines when stderr is not a terminal
+# C0 and C1 control characters, DEL included; tab and newline are kept.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """Text with control characters (terminal escapes among them) shown as '?'."""
+    return _CONTROL.sub("?", text)
+
+
+def say(text: str, wrap: bool = False) -> None:
+    """One plain line on stderr (no markup, no highlighting, no escapes); word-wrapped if asked."""
+    err.print(printable(text), markup=False, highlight=False, soft_wrap=not wrap)
+
+
+class Starting:
+    """A transient line on a terminal saying what happens before the first bar appears."""
+
+    status: Status | None = None
+
+    @classmethod
+    @contextmanager
+    def show(cls, command: str) -> Iterator[None]:
+        """Show it while the command prepares; the first bar, or the command's end, clears it."""
+        cls.clear()
+        if err.is_terminal:
+            cls.status = err.status(f"{command}: {STARTING}", spinner="dots")
+            cls.status.start()
+        try:
+            yield
+        finally:
+            cls.clear()
+
+    @classmethod
+    def clear(cls) -> None:
+        """Remove the line, if it is showing."""
+        status, cls.status = cls.status, None
+        if status is not None:
+            status.stop()
+
+
+STARTING = "loading libraries, opening the store, checking the endpoint…"
+
+
+class _SayWarnings(logging.Handler):
+    """Shows the core's warnings (the `ragexam` logger) as one `Warning:` line each."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """One line on stderr."""
+        say(f"Warning: {' '.join(record.getMessage().split())}")
+
+
+def show_warnings() -> None:
+    """Route the `ragexam` logger's warnings to the terminal, once per process."""
+    logger = logging.getLogger("ragexam")
+    if not any(isinstance(handler, _SayWarnings) for handler in logger.handlers):
+        logger.addHandler(_SayWarnings(logging.WARNING))
+        logger.propagate = False  # not twice through a root handler
+
+
+class RateColumn(ProgressColumn):
+    """Rows per second over the last few seconds ("now"), once there is a speed to show."""
+
+    def render(self, task: Task) -> Text:
+        """The current speed."""
+        return Text(f"{task.speed:.1f} rows/s now" if task.speed else "- rows/s now")
+
+
+def traffic_text(traffic: Traffic | None) -> str:
+    """Retries, 429s and the current pause, e.g. `2 retries, 15 429s, pausing 4s`."""
+    if traffic is None:
+        return ""
+    text = f"{traffic.retries} retries, {traffic.rate_limited} 429s"
+    pause = traffic.pause()
+    return f"{text}, pausing {pause:.0f}s" if pause >= 0.5 else text
+
+
+class TrafficColumn(ProgressColumn):
+    """What the calls meet: retries, 429s, and the longest wait under way."""
+
+    def __init__(self, progress: BarProgress) -> None:
+        super().__init__()
+        self.progress = progress
+
+    def render(self, task: Task) -> Text:
+        """The traffic counters, read live."""
+        return Text(traffic_text(self.progress.traffic), style="yellow")
+
+
+class BarProgress:
+    """A rich progress bar on stderr: rows done, errors, rows/s, retries, 429s, the pause.
+
+    It appears only when the run starts, so a fail-fast error stays one line. When stderr
+    is not a terminal (CI logs), a plain line is printed every PLAIN_EVERY seconds instead.
+    """
+
+    def __init__(self, label: str) -> None:
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("[red]{task.fields[errors]} errors"),
+            RateColumn(),
+            TrafficColumn(self),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+        )
+        self.bar = Progress(*columns, console=err)
+        self.label, self.errors, self.started = label, 0, False
+        self.task = self.bar.add_task(label, errors=0, start=False)
+        self.traffic: Traffic | None = None
+        self._stop = threading.Event()
+        self._began = time.monotonic()
+
+    def watch(self, traffic: Traffic) -> None:
+        """Show these counters of the stage's calls."""
+        self.traffic = traffic
+
+    def stop(self) -> None:
+        """Take the bar down, or end the plain lines."""
+        self._stop.set()
+        if self.started:  # stopping a bar that never started prints a blank line
+            self.bar.stop()
+
+    def _plain_lines(self) -> None:
+        while not self._stop.wait(PLAIN_EVERY):
+            say(self.plain_line())
+
+    def plain_line(self) -> str:
+        """One line of progress for logs."""
+        task = self.bar.tasks[0]
+        done, total = int(task.completed), "?" if task.total is None else int(task.total)
+        rate = done / max(time.monotonic() - self._began, 1e-9)
+        parts = [f"{done}/{total} rows", f"{self.errors} errors", f"{rate:.1f} rows/s"]
+        parts += [traffic_text(self.traffic)] if self.traffic else []
+        return f"{self.label}: {', '.join(parts)}"
+
+    def start(self, total: int | None, done_before: int) -> None:
+        """Show the bar; rows already done are mentioned, not counted."""
+        note = f"{self.label} ({done_before} already done)" if done_before else self.label
+        Starting.clear()
+        self.bar.update(self.task, total=total, description=note)
+        self.bar.start_task(self.task)
+        self._began = time.monotonic()
+        if not err.is_terminal:
+            threading.Thread(target=self._plain_lines, name="progress", daemon=True).start()
+            return
+        self.bar.start()
+        self.started = True
+
+    def advance(self, ok: bool) -> None:
+        """One more row."""
+        self.errors += not ok
+        self.bar.update(self.task, advance=1, errors=self.errors)
+
+
+@contextmanager
+def progress_bar(label: str) -> Iterator[BarProgress]:
+    """A bar that lives while one stage runs."""
+    progress = BarProgress(label)
+    try:
+        yield progress
+    finally:
+        progress.stop()
+
+
+def summary_line(stage: str, result: StageResult, skipped_note: str | None = None) -> None:
+    """What was done, at what speed and token cost, where it is, and the commonest errors."""
+    outcome = result.outcome
+    rate = (outcome.ok + outcome.errors) / outcome.seconds if outcome.seconds else 0.0
+    say(
+        f"{stage}: {outcome.ok} ok, {outcome.errors} errors this run ({outcome.done_before} "
+        f"done before) -> {result.path}",
+        wrap=True,
+    )
+    say(
+        f"  {outcome.seconds:.1f}s in all, setup included: {rate:.1f} rows/s overall; tokens "
+        f"{outcome.prompt_tokens:,} in + {outcome.completion_tokens:,} out",
+        wrap=True,
+    )
+    if outcome.learned_rpm:
+        say(
+            f"  rate limit learned from the endpoint's 429s: ~{outcome.learned_rpm:,} calls/min "
+            f"(--rpm {outcome.learned_rpm} paces under it from the first call)",
+            wrap=True,
+        )
+    if outcome.redone:
+        say(f"  {outcome.redone} rows redone: their input changed since they were made")
+    if outcome.quarantined:
+        bad = result.path.with_name(result.path.name + ".bad-rows")
+        say(f"  {outcome.quarantined} unreadable rows moved to {bad} (line numbers kept)")
+    for reason, count in sorted(outcome.reasons.items(), key=lambda item: -item[1])[:3]:
+        say(f"  {count} x {reason}")
+    if skipped_note:
+        say(f"  {skipped_note}")
+
+
+def cost_text(cost: float | None) -> str:
+    """Dollars as people read them, or "unknown" (never $0 for a price nobody knows)."""
+    if cost is None:
+        return "unknown"
+    return f"${cost:,.2f}" if cost >= 1 else f"${cost:.4f}"
+
+
+def run_cost_line(cost: RunCost) -> str:
+    """The run's total over every stage, or "unknown" with the priced part labelled as such."""
+    runs = sorted({name.split("/")[0] for name in cost.stages if "/" in name})
+    within = f" ({' and '.join(runs)} runs included)" if runs else ""
+    if cost.total is not None:
+        return f"run cost: {cost_text(cost.total)}, {len(cost.stages)} stages{within}"
+    unpriced = ", ".join(cost.unpriced)
+    if len(cost.unpriced) == len(cost.stages):
+        return f"run cost: unknown: no price for {unpriced}; set RAGEXAM_PRICE_INPUT/OUTPUT"
+    return (
+        f"run cost: unknown: no price for {unpriced}; "
+        f"the priced stages alone: {cost_text(cost.priced)}"
+    )
+
+
+def show_estimates(estimates: list[Estimate]) -> None:
+    """What --dry-run found, a line per stage, and the total."""
+    for e in estimates:
+        say(
+            f"{e.stage}: {e.rows} rows to do, {e.calls} calls, ~{e.input_tokens:,} tokens in + "
+            f"~{e.output_tokens:,} out, {cost_text(e.cost_usd)} ({e.model})"
+        )
+    costs = [e.cost_usd for e in estimates]
+    if len(estimates) > 1:
+        total = None if None in costs else sum(c or 0.0 for c in costs)
+        say(f"total: {sum(e.calls for e in estimates)} calls, {cost_text(total)}")
+    say("dry run: no call was made")

@@ -1,0 +1,1 @@
+"""Files of the run folder: CSV row logs, the manifest, atomic writes, locks, fingerprints."""

@@ -1,0 +1,1 @@
+"""Calls to an OpenAI-compatible endpoint: client, transport, pacing, structured output, prices."""

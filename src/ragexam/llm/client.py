@@ -1,0 +1,352 @@
+"""LLM access: ChatOpenAI with a timeout, structured output, and the project's one retry layer.
+
+Retries live here and only here: the openai SDK runs with max_retries=0. 5xx, timeouts,
+connection errors and invalid output are retried with backoff, at most `max_retries` times
+per row. A 429 means "not now": it is retried after the server's `Retry-After` (else a
+backoff) until the row has waited `rate_limit_wait` seconds in all, does not count against
+`max_retries`, and narrows the pacer's window of calls in flight (pacing.py). When the first
+calls of a stage all fail to reach the endpoint, the stage stops (endpoint.Reachability).
+400, 401, 403 and 404 are not retried, except that a refusal of any status naming the
+structured-output method's fields switches to the next method (json_schema or
+function_calling, then json_mode, then prompt) and retries without using up a retry (see
+structured.MethodChoice). Every call is bounded by max_tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import openai
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.runnables import Runnable
+from langchain_openai import ChatOpenAI
+from pydantic import BaseModel
+
+from ragexam.config import Settings, StructuredMethod, SystemRole
+from ragexam.errors import AuthError, LLMError, OutputError
+from ragexam.llm.endpoint import ModelCheck, Reachability, ReplyBound, root_cause
+from ragexam.llm.pacing import Pacer, estimate_tokens
+from ragexam.llm.prompts import system_as_user
+from ragexam.llm.replies import InvalidReply, NoAnswer, check_reply
+from ragexam.llm.structured import (
+    CUT_OFF,
+    MethodChoice,
+    MethodRefused,
+    content_of,
+    output_error,
+    parse_structured,
+    reask,
+    with_schema,
+)
+from ragexam.llm.transport import async_http_client
+
+M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+
+RETRYABLE = (
+    openai.InternalServerError,
+    openai.APITimeoutError,
+    openai.APIConnectionError,
+    openai.ConflictError,
+    OutputError,
+    InvalidReply,
+)
+MAX_RETRY_AFTER = 120.0
+MAX_RATE_LIMIT_BACKOFF = 60.0
+
+
+@dataclass(frozen=True)
+class Reply(Generic[T]):
+    """A successful call: the value, what it cost, and how many HTTP calls it took."""
+
+    value: T
+    prompt_tokens: int
+    completion_tokens: int
+    attempts: int
+    latency: float
+    raw: str
+
+    def cost(self) -> dict[str, Any]:
+        """The per-row columns every stage records about its call."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "attempts": self.attempts,
+            "latency_s": round(self.latency, 3),
+        }
+
+
+@dataclass
+class _Row:
+    """What one row's calls have cost and met so far."""
+
+    started: float
+    tokens: list[int] = field(default_factory=lambda: [0, 0])
+    calls: int = 0
+    failures: int = 0  # failed attempts other than 429s: these count against max_retries
+    limited: int = 0
+    waited: float = 0.0  # seconds waited on 429s
+    reason: str = "no attempt made"
+    raw: str | None = None
+
+    def error(self, reason: str) -> LLMError:
+        """The row failed for good."""
+        tokens = (self.tokens[0], self.tokens[1])
+        return LLMError(reason, attempts=self.calls, raw=self.raw, tokens=tokens)
+
+
+class LLM:
+    """One chat model for one stage, with its retry policy and running totals."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        model: str,
+        *,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+    ) -> None:
+        self.model = model
+        self.max_tokens = max_tokens or settings.max_tokens_for("answer")
+        self.chat = ChatOpenAI(
+            model=model,
+            api_key=settings.api_key(),
+            base_url=settings.openai_base_url,
+            timeout=settings.timeout,
+            max_retries=0,
+            temperature=temperature,
+            # Our own client: langchain-openai's shared default is bound to the first event
+            # loop, and would break the next stage's asyncio.run in the same process.
+            http_async_client=async_http_client(event_hooks={"response": [check_reply]}),
+        )
+        self.bound = ReplyBound(settings.openai_base_url, self.max_tokens)
+        self.chat.extra_body = self.bound.body()
+        self.choice = MethodChoice(settings.structured_output)
+        self.system_as_user = settings.system_prompt == SystemRole.user
+        self.model_check = ModelCheck(model, settings.openai_base_url)
+        self.max_retries = settings.max_retries
+        self.backoff = settings.retry_backoff
+        self.redact = settings.redact
+        self.pacer = Pacer(settings.concurrency, settings.rpm, settings.tpm)
+        self.rate_limit_wait = settings.rate_limit_wait
+        self.reachability = Reachability(settings.openai_base_url, self.redact)
+        self.tokens = [0, 0]  # prompt and completion tokens of every call, failed ones too
+        self._runnables: dict[tuple[type[BaseModel], StructuredMethod], Runnable[Any, Any]] = {}
+
+    @property
+    def calls(self) -> int:
+        """HTTP calls made so far, failed ones included."""
+        return self.pacer.traffic.calls
+
+    async def aclose(self) -> None:
+        """Close the HTTP connections of this model."""
+        client = self.chat.http_async_client
+        if client is not None:
+            await client.aclose()
+
+    @property
+    def method(self) -> StructuredMethod:
+        """The structured-output method in use now."""
+        return self.choice.method
+
+    async def structured(self, messages: list[BaseMessage], schema: type[M]) -> Reply[M]:
+        """Ask for an instance of `schema`; invalid replies are re-asked with the reason."""
+        conversation = list(messages)
+
+        async def once() -> tuple[M, AIMessage]:
+            async with self.choice.attempt() as method:
+                runnable = self._structured_runnable(schema, method)
+                raw = await runnable.ainvoke(self._shape(with_schema(conversation, schema, method)))
+            assert isinstance(raw, AIMessage)
+            try:
+                return parse_structured(raw, schema), raw
+            except OutputError as exc:
+                conversation[:] = reask(messages, exc)
+                raise
+
+        return await self._retrying(once, estimate_tokens(messages))
+
+    async def text(self, messages: list[BaseMessage]) -> Reply[str]:
+        """Ask for plain text; a reply cut off at max_tokens is re-asked, shorter."""
+        conversation = list(messages)
+
+        async def once() -> tuple[str, AIMessage]:
+            raw = await self.chat.ainvoke(self._shape(conversation))
+            assert isinstance(raw, AIMessage)
+            if raw.response_metadata.get("finish_reason") == "length":
+                exc = output_error(CUT_OFF, raw)
+                conversation[:] = reask(messages, exc)
+                raise exc
+            return content_of(raw), raw
+
+        return await self._retrying(once, estimate_tokens(messages))
+
+    def _shape(self, messages: list[BaseMessage]) -> list[BaseMessage]:
+        return system_as_user(messages) if self.system_as_user else messages
+
+    def _structured_runnable(
+        self, schema: type[BaseModel], method: StructuredMethod
+    ) -> Runnable[Any, Any]:
+        key = (schema, method)
+        if key not in self._runnables:  # built once per schema and method, not per call
+            self._runnables[key] = self._build_runnable(schema, method)
+        return self._runnables[key]
+
+    def _build_runnable(
+        self, schema: type[BaseModel], method: StructuredMethod
+    ) -> Runnable[Any, Any]:
+        """The chat model bound to the method's request fields; replies are parsed by us.
+
+        Binding directly, rather than through with_structured_output(include_raw=True), keeps
+        the raw reply for tolerant parsing and saves ~5 ms of CPU per call. response_format
+        goes in extra_body: as a top-level field it sends the call through the SDK's parse()
+        path, ~1 ms more per call, for parsing we do not use.
+        """
+        if method == StructuredMethod.prompt:
+            return self.chat
+        if method == StructuredMethod.function_calling:
+            return self.chat.bind_tools([schema], tool_choice=schema.__name__)
+        extra = self.bound.body()  # a bound extra_body replaces the model's
+        if method == StructuredMethod.json_mode:
+            return self.chat.bind(extra_body={**extra, "response_format": {"type": "json_object"}})
+        spec = {"name": schema.__name__, "schema": schema.model_json_schema()}
+        format_ = {"type": "json_schema", "json_schema": spec}
+        return self.chat.bind(extra_body={**extra, "response_format": format_})
+
+    async def _retrying(
+        self, once: Callable[[], Awaitable[tuple[T, AIMessage]]], estimate: int = 0
+    ) -> Reply[T]:
+        row = _Row(time.monotonic())
+        await self.model_check.once(self.chat.root_async_client)
+        while True:
+            number = await self.pacer.acquire(estimate)
+            row.calls += 1
+            limited, delay = False, 0.0
+            try:
+                value, raw = await once()
+            except MethodRefused as exc:
+                row.reason = self.redact(describe(exc.__cause__ or exc))
+                row.calls -= 1  # the refused method's fault, not the row's: the retry is free
+                continue
+            except Exception as exc:
+                if self._bound_refused(exc):
+                    row.reason, row.calls = self.redact(describe(exc)), row.calls - 1  # free
+                    continue
+                limited = rate_limited(exc)
+                delay = self._after_failure(exc, row, limited)
+            else:
+                self.reachability.reached()
+                self._count(row.tokens, raw)
+                latency, tokens = time.monotonic() - row.started, row.tokens
+                return Reply(value, tokens[0], tokens[1], row.calls, latency, content_of(raw))
+            finally:
+                self.pacer.release(number, limited=limited, wait=delay)
+            self.pacer.traffic.wait(delay)
+            await asyncio.sleep(delay)
+
+    def _after_failure(self, exc: Exception, row: _Row, limited: bool) -> float:
+        """Book one failed attempt; the wait before the next, or raise when the row is done."""
+        self._count(row.tokens, getattr(exc, "raw_message", None))
+        row.raw = getattr(exc, "raw", None) or row.raw
+        self.reachability.failed(exc)
+        if limited:
+            delay = retry_after(exc)
+            if delay is None:
+                backoff = self.backoff * 2**row.limited * random.uniform(0.5, 1.0)
+                delay = min(backoff, MAX_RATE_LIMIT_BACKOFF)
+            row.limited += 1
+            if row.waited + delay > self.rate_limit_wait:
+                raise row.error(
+                    f"{self.redact(describe(exc))} (still rate limited after waiting "
+                    f"{row.waited:.0f}s in all; RAGEXAM_RATE_LIMIT_WAIT sets how long)"
+                )
+            row.waited += delay
+            return delay
+        row.failures += 1
+        row.reason, delay = self._failure(exc, row.failures, row.tokens)
+        if row.failures > self.max_retries:
+            raise row.error(f"{row.reason} (after {row.calls} attempts)")
+        self.pacer.traffic.retries += 1
+        return delay
+
+    def _bound_refused(self, exc: Exception) -> bool:
+        """Whether a 400 refused the reply bound's field; the first one switches it."""
+        field = self.bound.field
+        if not self.bound.refused(exc):
+            return False
+        if self.bound.field != field:
+            self.chat.extra_body = self.bound.body()
+            self._runnables.clear()  # they carry the old field
+        return True
+
+    def _count(self, tokens: list[int], raw: AIMessage | None) -> None:
+        """Add one attempt's usage to the row's tokens and to this model's totals."""
+        usage = raw.usage_metadata if raw is not None else None
+        if usage:
+            for index, used in enumerate((usage["input_tokens"], usage["output_tokens"])):
+                tokens[index] += used
+                self.tokens[index] += used
+
+    def _failure(self, exc: Exception, attempt: int, tokens: list[int]) -> tuple[str, float]:
+        """What one failed attempt means: its reason and the wait before the next, or raise."""
+        reason = self.redact(describe(exc))
+        if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
+            raise AuthError(f"the endpoint refused the API key: {reason}") from None
+        if isinstance(exc, NoAnswer):  # asking again would pay for the same refusal
+            raise LLMError(reason, attempts=attempt, tokens=(tokens[0], tokens[1])) from None
+        if isinstance(exc, openai.RateLimitError):  # a 429 that means "no": out of quota
+            raise AuthError(f"the endpoint refused the call: {reason}; check the account's quota")
+        if not isinstance(exc, RETRYABLE):
+            if isinstance(exc, openai.APIError):
+                raise LLMError(reason, attempts=attempt, tokens=(tokens[0], tokens[1])) from None
+            raise exc  # not an API failure: a bug, keep its traceback
+        waited = retry_after(exc)
+        if waited is not None:
+            return reason, waited
+        return reason, self.backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1.0)
+
+
+def describe(exc: BaseException) -> str:
+    """A one-line reason for a failed call."""
+    if isinstance(exc, openai.APIStatusError):
+        message = exc.message
+        body = exc.body
+        if isinstance(body, dict) and isinstance(body.get("message"), str):
+            message = body["message"]
+        text = f"HTTP {exc.status_code}: {message}"
+    elif isinstance(exc, openai.APITimeoutError):
+        text = "the call timed out (RAGEXAM_TIMEOUT)"
+    elif isinstance(exc, openai.APIConnectionError):
+        text = f"cannot connect to the endpoint: {root_cause(exc)}"
+    else:
+        text = str(exc) or type(exc).__name__
+    return " ".join(text.split())[:500]
+
+
+def rate_limited(exc: BaseException) -> bool:
+    """A 429 that means "not now", as opposed to insufficient_quota, which means "no"."""
+    if not isinstance(exc, openai.RateLimitError):
+        return False
+    body = exc.body if isinstance(exc.body, dict) else {}
+    return "insufficient_quota" not in (getattr(exc, "code", None), body.get("code"))
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """Seconds the server asked us to wait (Retry-After / retry-after-ms), if it said."""
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None)
+    if headers is None:
+        return None
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is not None:
+            try:
+                return min(max(float(value) * scale, 0.0), MAX_RETRY_AFTER)
+            except ValueError:
+                continue  # an HTTP date: rare from LLM servers, fall back to backoff
+    return None

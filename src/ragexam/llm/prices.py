@@ -1,0 +1,131 @@
+"""What calls cost in US dollars: prices per model from genai-prices, or the user's own.
+
+genai-prices (pydantic's maintained table, shipped inside the package, so it works offline)
+prices a model by its name; RAGEXAM_PRICE_INPUT and RAGEXAM_PRICE_OUTPUT (USD per million
+tokens) override it, and price local or unknown models. A model without a price has cost
+None, shown as "unknown", never $0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ragexam.config import Settings
+from ragexam.io.manifest import read_manifest, set_run_field, update_manifest
+
+PER = 1_000_000  # prices are per million tokens
+CONTROL_FOLDERS = ("gold", "closed_book")  # `run --controls` writes these inside its folder
+
+
+@dataclass(frozen=True)
+class Price:
+    """USD per million input and output tokens, and where the figures came from."""
+
+    input: float
+    output: float
+    source: str
+
+    def cost(self, input_tokens: int, output_tokens: int) -> float:
+        """Dollars for this many tokens."""
+        return (input_tokens * self.input + output_tokens * self.output) / PER
+
+    def short(self) -> str:
+        """E.g. `$0.15/$0.6 per 1M tokens in/out, genai-prices`, for one screen line."""
+        where = self.source.split(":")[0].split(",")[0]
+        return f"${self.input:g}/${self.output:g} per 1M tokens in/out, {where}"
+
+    def describe(self) -> str:
+        """E.g. `$0.15 in / $0.60 out per 1M tokens (genai-prices: openai gpt-4o-mini)`."""
+        return f"${self.input:g} in / ${self.output:g} out per 1M tokens ({self.source})"
+
+
+def price_of(model: str, settings: Settings) -> Price | None:
+    """The model's price: the overrides where set, else the table; None when unknown."""
+    given = (settings.price_input, settings.price_output)
+    if given[0] is not None and given[1] is not None:
+        return Price(given[0], given[1], "RAGEXAM_PRICE_INPUT/OUTPUT")
+    table = table_price(model)
+    if table is None:
+        return None
+    input_ = table.input if given[0] is None else given[0]
+    output = table.output if given[1] is None else given[1]
+    overridden = ", with RAGEXAM_PRICE_* overriding" if given != (None, None) else ""
+    return Price(input_, output, table.source + overridden)
+
+
+@lru_cache(maxsize=64)
+def table_price(model: str) -> Price | None:
+    """The model's price in genai-prices' table, matched by name; None when it lacks it."""
+    from genai_prices import Usage, calc_price  # ~0.5 s to load: only when a cost is asked
+
+    # Priced on 1,000 tokens each way and scaled: some models charge more past a context size.
+    try:
+        found = calc_price(Usage(input_tokens=1000, output_tokens=1000), model_ref=model)
+    except LookupError:
+        return None
+    source = f"genai-prices: {found.provider.id} {found.model.id}"
+    return Price(float(found.input_price) * 1000, float(found.output_price) * 1000, source)
+
+
+def record_cost(out: Path, stage: str, settings: Settings) -> tuple[float | None, Price | None]:
+    """Price the tokens the stage's last run billed; write cost_usd to it and to the run."""
+    manifest = read_manifest(out)
+    record: dict[str, Any] = manifest.get("stages", {}).get(stage, {})
+    model = str(record.get("model", ""))
+    price = price_of(model, settings) if model else None
+    billed = record.get("tokens_billed") or {
+        "prompt": record.get("prompt_tokens", 0),
+        "completion": record.get("completion_tokens", 0),
+    }
+    cost = price.cost(int(billed["prompt"]), int(billed["completion"])) if price else None
+    priced = {"cost_usd": cost, "price": price.describe() if price else None}
+    update_manifest(out, stage, {**record, **priced})
+    record_total(out)
+    if out.name in CONTROL_FOLDERS and (out.parent / "manifest.json").exists():
+        record_total(out.parent)  # a control run's cost is part of its run's
+    return cost, price
+
+
+@dataclass(frozen=True)
+class RunCost:
+    """What each priced stage of a run folder cost, its control runs' folders included."""
+
+    stages: dict[str, float | None]  # "generate", ..., "gold/answer": None when unknown
+
+    @property
+    def total(self) -> float | None:
+        """The sum, or None when any stage's price is unknown: never a partial sum."""
+        costs = list(self.stages.values())
+        return None if None in costs else sum(cost or 0.0 for cost in costs)
+
+    @property
+    def unpriced(self) -> list[str]:
+        """The stages whose price is unknown."""
+        return [name for name, cost in self.stages.items() if cost is None]
+
+    @property
+    def priced(self) -> float:
+        """What the stages with a known price cost: a part, when some are unpriced."""
+        return sum(cost for cost in self.stages.values() if cost is not None)
+
+
+def run_cost(out: Path) -> RunCost:
+    """The cost of every stage recorded in OUT, then in OUT/gold and OUT/closed_book."""
+    stages: dict[str, float | None] = {}
+    for folder, prefix in [(out, ""), *((out / name, f"{name}/") for name in CONTROL_FOLDERS)]:
+        recorded = read_manifest(folder).get("stages", {})
+        for stage, entry in recorded.items() if isinstance(recorded, dict) else ():
+            if isinstance(entry, dict) and "cost_usd" in entry:
+                stages[prefix + stage] = entry["cost_usd"]
+    return RunCost(stages)
+
+
+def record_total(out: Path) -> RunCost:
+    """Write the run folder's total to its manifest: cost_usd, and the stages it covers."""
+    cost = run_cost(out)
+    set_run_field(out, "cost_usd", cost.total)
+    set_run_field(out, "cost_stages", list(cost.stages))
+    return cost

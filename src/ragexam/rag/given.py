@@ -1,0 +1,80 @@
+"""Control answerers: the built-in answer model given the source chunk alone, or no context.
+
+`--context gold` measures what the answerer does when retrieval is perfect; `--context none`
+measures what it knows without any document. Both use the same answer model as the RAG run.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ragexam.config import AnswerContext, Settings
+from ragexam.errors import RowError
+from ragexam.llm.client import LLM
+from ragexam.llm.prompts import Prompt, context_block, load_prompt
+from ragexam.stages.answer import Question, RagSystem
+from ragexam.stages.runner import Task
+from ragexam.store.chroma import StoreRef
+
+PROMPTS = {AnswerContext.gold: "answer", AnswerContext.none: "answer_closed_book"}
+
+
+class GivenContext(RagSystem):
+    """Answer each question from a context chosen by ragexam, not retrieved."""
+
+    name = "builtin"
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: StoreRef | None,
+        collection: Any,
+        context: AnswerContext,
+        max_chars: int,
+    ) -> None:
+        super().__init__(store, collection, 0)
+        self.context, self.max_chars = context, max_chars  # the source chunk is cut, as retrieved
+        self.prompt: Prompt = load_prompt(PROMPTS[context], settings.prompts_dir)
+        self.llm = LLM(settings, settings.model_for("answer"))
+        self.model, self.prompt_hash = self.llm.model, self.prompt.hash
+
+    def fixed(self) -> dict[str, Any]:
+        """No k and no embedding: nothing is retrieved."""
+        return {"k": None, "context": self.context.value, "embedding": None}
+
+    async def prepare(self, batch: list[Question]) -> list[Any]:
+        """Gold reads the batch's source chunks in one store call; closed-book reads nothing."""
+        if self.context == AnswerContext.none:
+            return [(question, None) for question in batch]
+        return await super().prepare(batch)
+
+    async def work(self, task: Task) -> dict[str, Any]:
+        """Answer from the source chunk, or from nothing."""
+        question, source_text = task.payload
+        if not question.text.strip():
+            raise RowError("the question is empty")
+        values = {"question": question.text}
+        if self.context == AnswerContext.gold:
+            if source_text is None:
+                raise RowError(f"the source chunk {question.chunk_id!r} is not in the store")
+            values["context"] = context_block([source_text[: self.max_chars]])
+        reply = await self.llm.text(
+            self.prompt.template.format_messages(**self.prompt.fill(**values))
+        )
+        gold = self.context == AnswerContext.gold
+        return {
+            "answer": reply.value,
+            "retrieved_ids": json.dumps([question.chunk_id] if gold else []),
+            "target_rank": 1 if gold else None,
+            **reply.cost(),
+        }
+
+    def figures(self) -> dict[str, Any]:
+        """Chat calls made."""
+        return {"calls": self.llm.calls}
+
+    async def aclose(self) -> None:
+        """Close the chat model's connections and the store's client."""
+        await self.llm.aclose()
+        await super().aclose()

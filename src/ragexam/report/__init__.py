@@ -1,0 +1,1 @@
+"""The summary rendered: the HTML report card and the terminal tables."""

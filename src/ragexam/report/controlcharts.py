@@ -1,0 +1,127 @@
+"""Report charts of the measured diagnosis and the cutoffs: control runs beside the RAG run per
+document, and the hit rate and MRR against the cutoff.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ragexam.analysis.controlruns import LOW_GOLD, PRIOR_KNOWLEDGE, RETRIEVAL_LOSS
+from ragexam.analysis.cutoffs import cutoffs_for
+from ragexam.report.charts import _svg, _text, diagnosis_colour
+
+# (column, label, colour) of the three bars per document
+RUNS = [
+    ("completeness_gold", "gold context", "#2e9e6b"),
+    ("completeness_mean", "RAG", "#3b6fb6"),
+    ("completeness_closed_book", "closed book", "#9aa0a6"),
+]
+
+
+def sections(
+    by_document: pd.DataFrame, overall: pd.DataFrame, k: int
+) -> list[tuple[str, str, str]]:
+    """(title, note, chart) of each section these figures allow; none without them."""
+    found = []
+    if all(column in by_document for column, _, _ in RUNS):
+        note = (
+            "Completeness with the source chunk handed over, with the retrieved chunks, and with "
+            f"no context. Closed book at or above {PRIOR_KNOWLEDGE:g} is prior_knowledge; gold "
+            f"below {LOW_GOLD:g} is generation; a retrieval loss (gold minus RAG) of "
+            f"{RETRIEVAL_LOSS:g} or more is retrieval."
+        )
+        found.append(("Is it retrieval or generation? Measured", note, control_bars(by_document)))
+    if f"hit_rate_at_{cutoffs_for(k)[0]}" in overall:
+        note = "From the same answer run: the metrics if only the top C chunks had been retrieved."
+        found.append(
+            ("Hit rate and MRR against the cutoff", note, cutoff_chart(overall.iloc[0], k))
+        )
+    return found
+
+
+def control_bars(documents: pd.DataFrame) -> str:
+    """Per document: gold, RAG and closed-book completeness side by side, and the diagnosis."""
+    left, scale, height = 330, 480, 46
+    parts = []
+    for number, row in enumerate(documents.to_dict("records")):
+        top, name = 26 + number * height, str(row["document"])
+        short = name if len(name) <= 44 else "…" + name[-43:]
+        parts.append(_text(left - 10, top + 20, short, 'text-anchor="end"'))
+        for place, (column, label, colour) in enumerate(RUNS):
+            value, y = row[column], top + place * 13
+            if pd.isna(value):
+                continue
+            parts.append(
+                f'<rect x="{left}" y="{y}" width="{value * scale:.1f}" height="11" '
+                f'fill="{colour}" rx="2"><title>{label} {value:.3f}</title></rect>'
+            )
+            parts.append(_text(left + value * scale + 4, y + 10, f"{value:.2f}", 'font-size="10"'))
+        loss, diagnosis = row.get("retrieval_loss"), str(row["diagnosis"])
+        x = left + scale + 50
+        parts.append(
+            f'<circle cx="{x}" cy="{top + 18}" r="6" fill="{diagnosis_colour(diagnosis)}"/>'
+        )
+        shown = "" if pd.isna(loss) else f" · retrieval loss {loss:+.2f}"
+        parts.append(_text(x + 12, top + 22, diagnosis + shown))
+    for place, (_, label, colour) in enumerate(RUNS):
+        x = left + place * 120
+        parts.append(f'<rect x="{x}" y="4" width="10" height="10" fill="{colour}"/>')
+        parts.append(_text(x + 14, 13, label))
+    return _svg(
+        left + scale + 230, 36 + height * len(documents), parts, "control runs per document"
+    )
+
+
+def cutoff_chart(overall: pd.Series, k: int) -> str:
+    """Hit rate and MRR at each cutoff C <= k, as two lines over C on a 0-1 scale."""
+    cutoffs, width, height, pad = cutoffs_for(k), 440, 280, 40
+    step = (width - 2 * pad) / max(len(cutoffs) - 1, 1)
+    bottom, span = height - 60, height - 60 - pad // 2
+    parts = _cutoff_axes(width, bottom, span, pad)
+    # MRR@C never exceeds the hit rate@C: its values go below its points, the hit rate's above.
+    for line, (metric, colour, shift) in enumerate(
+        (("hit_rate", "#3b6fb6", -8), ("mrr", "#e69f00", 15))
+    ):
+        points = []
+        for place, cutoff in enumerate(cutoffs):
+            value = float(overall[f"{metric}_at_{cutoff}"])
+            if value != value:  # NaN: nothing answered yet
+                continue
+            x, y = pad + place * step, bottom - value * span
+            points.append(f"{x:.1f},{y:.1f}")
+            tip = f"<title>{metric} at {cutoff}: {value:.3f}</title>"
+            parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{colour}">{tip}</circle>')
+            parts.append(_text(x, y + shift, f"{value:.2f}", 'text-anchor="middle" font-size="10"'))
+        polyline = f'points="{" ".join(points)}" fill="none" stroke="{colour}" stroke-width="2"'
+        parts.append(f"<polyline {polyline}/>")
+        top = 10 + 18 * line
+        parts.append(
+            f'<rect x="{width - pad + 10}" y="{top}" width="10" height="10" fill="{colour}"/>'
+        )
+        parts.append(
+            _text(width - pad + 24, top + 9, metric.replace("_", " ").replace("mrr", "MRR"))
+        )
+    for place, cutoff in enumerate(cutoffs):
+        parts.append(_text(pad + place * step, bottom + 34, f"@{cutoff}", 'text-anchor="middle"'))
+    parts.append(_text(width / 2, height - 6, "cutoff C (chunks kept)", 'text-anchor="middle"'))
+    return _svg(width + 80, height, parts, "hit rate and MRR against the cutoff")
+
+
+def _cutoff_axes(width: int, bottom: int, span: int, pad: int) -> list[str]:
+    """Gridlines at 0, 0.5 and 1, each labelled on the left."""
+    parts = []
+    for value in (0.0, 0.5, 1.0):
+        y = bottom - value * span
+        stroke = "#8c959f" if value == 0 else "#e4e7eb"
+        parts.append(f'<line x1="{pad}" y1="{y}" x2="{width - pad}" y2="{y}" stroke="{stroke}"/>')
+        parts.append(_text(pad - 6, y + 4, f"{value:g}", 'text-anchor="end" font-size="10"'))
+    return parts
+
+
+def control_line(overall: pd.DataFrame) -> str | None:
+    """One terminal line of the control runs' overall figures; None without control runs."""
+    row = overall.iloc[0]
+    if not all(column in row for column, _, _ in RUNS):
+        return None
+    figures = ", ".join(f"{label} {row[column]:.2f}" for column, label, _ in RUNS)
+    return f"completeness: {figures}; retrieval loss {row['retrieval_loss']:.2f}"

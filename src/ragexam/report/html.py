@@ -1,0 +1,311 @@
+"""Render the summary: a rich table for the terminal and a self-contained HTML report."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from html import escape
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from ragexam.analysis.resampling import RESAMPLES
+from ragexam.analysis.stats import (
+    DIAGNOSES,
+    LOW_COMPLETENESS,
+    LOW_CONCISENESS,
+    LOW_HIT_RATE,
+    StatsResult,
+)
+from ragexam.cli.display import printable
+from ragexam.io.csvfile import atomic_file
+from ragexam.report import drilldown
+from ragexam.report.charts import bars, diagnosis_colour, histogram, scatter
+from ragexam.report.controlcharts import sections as measured_sections
+
+TERMINAL_ROWS = 20
+TERMINAL_NAME = 32  # characters of a document name in the terminal; the tail is kept
+REPORT_DOCUMENTS = 30
+# (CI column prefix, mean column, label)
+MEANS = [
+    ("completeness", "completeness_mean", "completeness"),
+    ("conciseness", "conciseness_mean", "conciseness"),
+    ("hit_rate", "hit_rate", "hit rate"),
+    ("mrr", "mrr", "MRR"),
+]
+DASH = "\u2013"  # between the bounds of an interval
+SHORT = {
+    "questions": "n",
+    "errors": "err",
+    "pending": "pend",
+    "completeness_mean": "compl",
+    "conciseness_mean": "conc",
+    "hit_rate": "hit",
+    "mrr": "MRR",
+}
+
+
+def _number(value: Any) -> str:
+    return "-" if pd.isna(value) else f"{float(value):.2f}"
+
+
+def _ci(row: pd.Series, name: str) -> str:
+    low, high = row[f"{name}_ci_low"], row[f"{name}_ci_high"]
+    digits = 3 if 0 < high - low < 0.02 else 2  # a narrow interval still shows its width
+    return "" if pd.isna(low) else f"{low:.{digits}f}{DASH}{high:.{digits}f}"
+
+
+# -- terminal -------------------------------------------------------------------------------------
+
+
+def terminal_table(result: StatsResult) -> Table:
+    """The per-document summary as a compact rich table that fits 80 columns."""
+    shown = result.by_document.head(TERMINAL_ROWS)
+    counts = ["questions", "errors"] + (["pending"] * bool(result.overall["pending"].iloc[0]))
+    table = Table(
+        title=f"Worst {len(shown)} of {len(result.by_document)} documents by completeness",
+        caption=f"mean, and ± half its 95% bootstrap CI; cutoff k={result.k}; the bounds and "
+        f"every document are in {result.paths['summary_by_document'].name}",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    table.add_column("document", no_wrap=True, min_width=12, max_width=TERMINAL_NAME)
+    table.add_column("diagnosis")
+    for header in [SHORT.get(name, name) for name in counts] + [SHORT[m] for _, m, _ in MEANS]:
+        table.add_column(header, justify="right")
+    for _, row in shown.iterrows():
+        table.add_row(*_terminal_cells(row, counts))
+    table.add_section()
+    table.add_row(*_terminal_cells(result.overall.iloc[0], counts), style="bold")
+    return table
+
+
+def short_name(name: str, width: int = TERMINAL_NAME) -> str:
+    """A document name cut to one line from the left: a path's end says most about it."""
+    return name if len(name) <= width else "…" + name[-(width - 1) :]
+
+
+def _terminal_cells(row: pd.Series, counts: list[str]) -> list[Text]:
+    """One row's cells; Text keeps a document name like "[red]" from being read as markup."""
+    diagnosis = str(row["diagnosis"])
+    cells = [
+        Text(short_name(printable(str(row["document"])))),
+        Text(diagnosis, style=diagnosis_colour(diagnosis, True)),
+    ]
+    cells += [Text(str(row[name])) for name in counts]
+    for name, mean, _ in MEANS:
+        low, high = row[f"{name}_ci_low"], row[f"{name}_ci_high"]
+        spread = "" if pd.isna(low) else f"\n±{(high - low) / 2:.2f}"
+        cells.append(Text(_number(row[mean])) + Text(spread, style="dim"))
+    return cells
+
+
+# -- HTML ---------------------------------------------------------------------------------------
+
+STYLE = """
+body{margin:0;background:#f4f5f7;color:#1f2328;
+ font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif}
+main{max-width:1180px;margin:0 auto;padding:28px 24px 60px}
+h1{font-size:28px;margin:0 0 4px}h2{font-size:19px;margin:0 0 6px}
+.context{color:#57606a;margin:0 0 20px}.note{color:#57606a;margin:0 0 12px;font-size:13.5px}
+section,.pair>div,.card{background:#fff;border-radius:10px;box-shadow:0 1px 3px #0000001f}
+section{overflow-x:auto;padding:18px 20px;margin:0 0 18px}.pair>div{padding:18px 20px}
+.cards,.pair{display:grid;gap:14px;background:none;box-shadow:none;padding:0}
+.cards{grid-template-columns:repeat(4,1fr) 1.5fr}.pair{grid-template-columns:1fr 1fr}
+.card{padding:12px 14px}.card b{display:block;font-size:26px}
+.card span{color:#57606a;font-size:13px}.card i,td small{display:block;color:#8c959f;
+ font-size:12px;font-style:normal}
+table{border-collapse:collapse;width:100%;font-size:13.5px}
+th{text-align:left;color:#57606a;font-weight:600;border-bottom:2px solid #d0d7de;padding:6px 8px}
+td{border-bottom:1px solid #eaeef2;padding:6px 8px;vertical-align:top}
+td.n{text-align:right;white-space:nowrap;font-variant-numeric:tabular-nums}
+tr:nth-child(even) td{background:#fafbfc}.doc{min-width:12em;overflow-wrap:break-word}
+.text{max-width:300px;max-height:9em;overflow:auto;white-space:pre-wrap;overflow-wrap:break-word}
+.chip{display:inline-block;border-radius:999px;padding:1px 9px;color:#fff;font-size:12.5px;
+ white-space:nowrap}
+svg{display:block;max-width:100%;height:auto}svg text{font-size:12px;fill:#1f2328}
+dl{display:grid;grid-template-columns:max-content 1fr;gap:6px 14px;margin:0 0 14px}dd{margin:0}
+.card dl{gap:1px 10px;margin:0;font-size:13.5px}.card dt{text-align:right;font-weight:600}
+.card dd{color:#57606a}
+"""
+# Phones: cards in two columns, charts stacked at their own size (text stays 12 px) and
+# scrolled inside their card, tables scrolled inside their section: the page never overflows.
+PHONE = """
+@media (max-width:720px){main{padding:16px 10px 40px}h1{font-size:22px}
+section{padding:14px 12px}.pair>div{padding:14px 12px;min-width:0;overflow-x:auto}
+.cards{grid-template-columns:1fr 1fr}.cards>.card:last-child{grid-column:1/-1}
+.pair{grid-template-columns:minmax(0,1fr)}svg{max-width:none}
+.doc{min-width:9em}.text{min-width:14em}}
+"""
+# No fetch and no script may run: the page is static, and a hostile text that escaping somehow
+# missed still could not act.
+POLICY = "default-src 'none'; style-src 'unsafe-inline'"
+
+
+def write_report(result: StatsResult, path: Path) -> Path:
+    """Write report.html: one file that needs no network to view."""
+    from ragexam.report.trust import judge_panels  # trust draws with this module's helpers
+
+    documents = result.by_document.head(REPORT_DOCUMENTS)
+    sections = [
+        _header(result),
+        _cards(result.overall.iloc[0]),
+        *judge_panels(result),
+        _section(
+            "Documents, worst completeness first",
+            f"The {len(documents)} documents with the lowest completeness: mean and 95% "
+            "confidence interval of each judge score, and the diagnosis.",
+            bars(documents),
+        ),
+        _pair(result),
+        *(_section(*section) for section in measured_sections(documents, result.overall, result.k)),
+        _section("Per document", "The same documents, every figure.", _documents(documents)),
+        _section(
+            f"The {len(result.worst)} worst questions",
+            "Lowest completeness first, then conciseness, then the worst rank.",
+            _worst(result.worst, result.k),
+        ),
+        _every_question(result),
+        _section("How to read this report", "", _legend(result)),
+    ]
+    page = (
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{POLICY}">'
+        '<meta name="viewport" content="width=device-width,initial-scale=1">'
+        f"<title>ragexam report</title><style>{STYLE}{PHONE}</style></head>\n"
+        "<body><main>\n" + "\n".join(sections) + "\n</main></body></html>\n"
+    )
+    with atomic_file(path) as handle:
+        handle.write(page)
+    return path
+
+
+def _every_question(result: StatsResult) -> str:
+    """The drill-down (drilldown.py): every question, by document, filterable."""
+    if result.out is None or result.questions.empty:
+        return ""
+    total = len(result.questions)
+    shown = drilldown.lowest_graded(result.questions, drilldown.SHOWN_QUESTIONS)
+    totals = {str(doc): int(n) for doc, n in result.questions["document"].value_counts().items()}
+    questions = drilldown.extra_columns(result.out, shown)
+    title = f"Every question ({total:,})"
+    if len(shown) < total:
+        title = f"The {len(shown):,} lowest-graded questions of {total:,}"
+    cut = (
+        f" Past {drilldown.SHOWN_QUESTIONS:,} questions the page would not open, so it holds "
+        "the lowest graded, as many from every document; judgments.csv and answers.csv hold all."
+    )
+    return _section(
+        title,
+        "By document, worst first; open a document to see each question with its answer, the "
+        "judge's reasoning, the retrieved chunks (the source chunk marked) and the source text."
+        + (cut if len(shown) < total else ""),
+        drilldown.section(questions, result.by_document, result.k, totals),
+    )
+
+
+def _section(title: str, note: str, content: str) -> str:
+    note_html = f'<p class="note">{escape(note)}</p>' if note else ""
+    return f"<section><h2>{escape(title)}</h2>{note_html}{content}</section>"
+
+
+def _header(result: StatsResult) -> str:
+    context = " · ".join(f"{escape(key)}: {escape(value)}" for key, value in result.context.items())
+    return f'<h1>RAG report card</h1><p class="context">{context}</p>'
+
+
+def _cards(overall: pd.Series) -> str:
+    """The overall means, large, each with its CI; then the counts in one card."""
+    html = "".join(
+        f'<div class="card"><b>{_number(overall[mean])}</b><span>{label}</span>'
+        f"<i>95% CI {_ci(overall, name) or '-'}</i></div>"
+        for name, mean, label in MEANS
+    )
+    counts = ("questions", "errors", "pending", "missed")
+    rows = "".join(f"<dt>{overall[name]:,}</dt><dd>{name}</dd>" for name in counts)
+    return f'<section class="cards">{html}<div class="card"><dl>{rows}</dl></div></section>'
+
+
+def _chip(diagnosis: str) -> str:
+    background = diagnosis_colour(diagnosis)
+    return f'<span class="chip" style="background:{background}">{escape(diagnosis)}</span>'
+
+
+# -- charts (drawn in charts.py) -----------------------------------------------------------------
+
+
+def _pair(result: StatsResult) -> str:
+    """The rank histogram and the scatter, side by side."""
+    return (
+        '<section class="pair"><div><h2>Where the source chunk ranked</h2>'
+        f'<p class="note">Every answered question; a miss is a rank beyond k={result.k}.</p>'
+        f"{histogram(result.overall.iloc[0], result.k)}</div>"
+        '<div><h2>Completeness against conciseness</h2><p class="note">One dot per document, '
+        "sized by its questions and coloured by its diagnosis, over the diagnosis regions.</p>"
+        f"{scatter(result.by_document)}</div></section>"
+    )
+
+
+# -- tables -------------------------------------------------------------------------------------
+
+
+def _table(headers: list[str], rows: Iterable[list[str]]) -> str:
+    """Cells are HTML already: the callers escape every text."""
+    head = "".join(f"<th>{escape(header)}</th>" for header in headers)
+    body = "".join(f"<tr>{''.join(row)}</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _cell(html: str, kind: str = "n") -> str:
+    return f'<td class="{kind}">{html}</td>'
+
+
+def _documents(documents: pd.DataFrame) -> str:
+    """Every figure of each document, each mean with its CI below it."""
+    counts = ("questions", "errors", "pending")
+    headers = ["document", *counts, *(label for *_, label in MEANS), "nDCG", "missed", "diagnosis"]
+    rows = []
+    for _, row in documents.iterrows():
+        cells = [_cell(escape(str(row["document"])), "doc")]
+        cells += [_cell(str(row[name])) for name in counts]
+        cells += [
+            _cell(f"{_number(row[mean])}<small>{_ci(row, name)}</small>") for name, mean, _ in MEANS
+        ]
+        cells += [_cell(_number(row["ndcg"])), _cell(str(row["missed"]))]
+        rows.append([*cells, _cell(_chip(str(row["diagnosis"])), "d")])
+    return _table(headers, rows)
+
+
+def _worst(worst: pd.DataFrame, k: int) -> str:
+    """The worst questions with their texts, rank and scores."""
+    texts = ("document", "question", "ground_truth_answer", "answer")
+    headers = ["document", "question", "ground truth", "answer", "rank"]
+    headers += ["completeness", "conciseness"]
+    rows = []
+    for _, row in worst.iterrows():
+        rank = row["rank"]
+        shown = "miss" if pd.isna(rank) or rank > k else str(int(rank))
+        cells = [_cell(escape(str(row[name])), "text") for name in texts]
+        scores = [_number(row["completeness"]), _number(row["conciseness"])]
+        rows.append([*cells, _cell(shown), *map(_cell, scores)])
+    return _table(headers, rows)
+
+
+def _legend(result: StatsResult) -> str:
+    """The diagnoses, their thresholds, and how the figures are computed."""
+    items = "".join(
+        f"<dt>{_chip(name)}</dt><dd>{escape(text)}</dd>" for name, text in DIAGNOSES.items()
+    )
+    notes = [
+        f"Completeness below {LOW_COMPLETENESS:g} is low, hit rate below {LOW_HIT_RATE:g} is "
+        f"low, conciseness below {LOW_CONCISENESS:g} is low.",
+        "Judge means are over the judged questions, retrieval means over the answered ones, "
+        "misses included; a question that failed in any stage counts in errors and in no mean.",
+        f"95% confidence intervals: percentile bootstrap, {RESAMPLES} resamples, seed "
+        f"{result.seed} (per document a Poisson bootstrap, overall the exact multinomial one).",
+        "Retrieval metrics follow trec_eval, with one relevant chunk per question.",
+    ]
+    return f"<dl>{items}</dl>" + "".join(f'<p class="note">{escape(note)}</p>' for note in notes)

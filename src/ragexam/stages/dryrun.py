@@ -1,0 +1,227 @@
+"""--dry-run: what a stage would call and cost, from its rendered prompts, calling nothing.
+
+The rows to do are those a real run would do after resuming. Calls are counted as a run
+without failures makes them. Input tokens are estimated from each rendered prompt; output
+tokens from the rows already done, when there are some, else from OUTPUT_TOKENS. `run`
+estimates answer and judge before their inputs exist, from stand-in texts of those sizes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, replace
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from langchain_core.messages import BaseMessage
+
+from ragexam.analysis.controls import CONTROLS_FILE, Source, build_controls
+from ragexam.config import AnswerContext, Settings
+from ragexam.io.csvfile import read_rows
+from ragexam.llm.pacing import estimate_tokens, text_tokens
+from ragexam.llm.prices import price_of
+from ragexam.llm.prompts import context_block, load_prompt
+from ragexam.rag.given import PROMPTS
+from ragexam.stages.answer import ANSWERS_FILE, AnswerOptions, Question, read_questions
+from ragexam.stages.generate import QA_FILE, GenerateOptions, GeneratePlan, qa_id_for
+from ragexam.stages.judge import (
+    JUDGMENTS_FILE,
+    ControlPlan,
+    Exam,
+    JudgeOptions,
+    JudgePlan,
+    read_exams,
+)
+from ragexam.store.chroma import get_chunks, iter_chunks, open_collection, release
+
+# Tokens per reply when no earlier row says: a question and its answer; an answer; a grade.
+OUTPUT_TOKENS = {"generate": 60, "answer": 150, "judge": 80, "judge_controls": 80}
+BATCH = 500
+CONTROL_RUNS = (("gold", AnswerContext.gold), ("closed_book", AnswerContext.none))
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What one stage would do: rows, calls, tokens each way, and their cost (None: unknown)."""
+
+    stage: str
+    model: str
+    rows: int
+    calls: int
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float | None
+
+    def record(self) -> dict[str, Any]:
+        """As plain values."""
+        return asdict(self)
+
+
+def estimate(
+    stage: str,
+    model: str,
+    rows: int,
+    prompts: Iterable[list[BaseMessage]],
+    settings: Settings,
+    per_call: float | None = None,
+) -> Estimate:
+    """Count the calls and tokens of these prompts, and price them."""
+    calls, tokens = 0, 0
+    for messages in prompts:
+        calls += 1
+        tokens += estimate_tokens(messages)
+    output = round(calls * (OUTPUT_TOKENS[stage] if per_call is None else per_call))
+    price = price_of(model, settings)
+    cost = price.cost(tokens, output) if price else None
+    return Estimate(stage, model, rows, calls, tokens, output, cost)
+
+
+def done_rows(
+    path: Path, model: str, prompt_hash: str, key: str = "qa_id"
+) -> tuple[set[str], float | None]:
+    """The rows a real run would skip (`ok`, this model and prompt), and their output per call."""
+    if not path.exists():
+        return set(), None
+    rows = [
+        row
+        for row in read_rows(path, [key, "status"])
+        if row["status"] == "ok"
+        and (row.get("model"), row.get("prompt_hash")) == (model, prompt_hash)
+    ]
+    calls = sum(int(row.get("attempts") or 0) for row in rows)
+    output = sum(int(row.get("completion_tokens") or 0) for row in rows)
+    return {row[key] for row in rows}, (output / calls if calls else None)
+
+
+def estimate_generate(settings: Settings, options: GenerateOptions) -> Estimate:
+    """generate: one call per chunk still to do, except empty chunks."""
+    plan = GeneratePlan(settings, options, open_collection(options.store))
+    try:
+        done, per_call = done_rows(options.out / QA_FILE, plan.llm.model, plan.prompt.hash)
+        rows, tasks = plan.tasks(done)
+        asked = [task for task in tasks if str(task.payload).strip()]
+        prompts = [plan.messages(task) for task in asked]
+        if plan.critic is not None:  # --check: one critic call per question written
+            half = _filler(OUTPUT_TOKENS["generate"] / 2)
+            values = (
+                plan.critic.fill(chunk=task.payload, question=half, answer=half) for task in asked
+            )
+            prompts += [plan.critic.template.format_messages(**value) for value in values]
+        return estimate("generate", plan.llm.model, rows, prompts, settings, per_call)
+    finally:
+        release(options.store)
+
+
+def estimate_answer(settings: Settings, options: AnswerOptions) -> Estimate:
+    """answer: one call per question still to do, with k chunks of its source's size."""
+    questions, _ = read_questions(options.qa_path or options.out / QA_FILE)
+    questions = questions[: options.limit]
+    if options.rag is not None:  # ragexam itself calls nothing
+        return Estimate("answer", f"rag:{options.rag}", len(questions), 0, 0, 0, None)
+    collection = open_collection(options.store) if options.store is not None else None
+    try:
+        return _answers(settings, options, questions, collection)
+    finally:
+        release(options.store)
+
+
+def _answers(
+    settings: Settings, options: AnswerOptions, questions: list[Question], collection: Any
+) -> Estimate:
+    """The answer prompts of the questions not answered yet, in the options' context."""
+    model = settings.model_for("answer")
+    prompt = load_prompt(PROMPTS.get(options.context, "answer"), settings.prompts_dir)
+    done, per_call = done_rows(options.out / ANSWERS_FILE, model, prompt.hash)
+    pending = [question for question in questions if question.qa_id not in done]
+    copies = {AnswerContext.retrieved: options.k, AnswerContext.gold: 1}.get(options.context, 0)
+    texts = list(_sources(collection, pending)) if copies else [""] * len(pending)
+
+    def messages(question: Question, text: str) -> list[BaseMessage]:
+        values: dict[str, str] = {"question": question.text}
+        if copies:
+            values["context"] = context_block([text] * copies)
+        return prompt.template.format_messages(**prompt.fill(**values))
+
+    prompts = (messages(q, t) for q, t in zip(pending, texts, strict=True) if q.text.strip())
+    return estimate("answer", model, len(pending), prompts, settings, per_call)
+
+
+def _sources(collection: Any, questions: list[Question]) -> Iterator[str]:
+    """The text of each question's source chunk (empty when the store lacks it)."""
+    for start in range(0, len(questions), BATCH):
+        batch = questions[start : start + BATCH]
+        texts = get_chunks(collection, [question.chunk_id for question in batch])
+        yield from (texts.get(question.chunk_id, "") for question in batch)
+
+
+def estimate_judge(settings: Settings, options: JudgeOptions) -> list[Estimate]:
+    """judge: `samples` calls per answer still to grade, then per known-answer control."""
+    exams, _ = read_exams(
+        options.qa_path or options.out / QA_FILE, options.answers_path or options.out / ANSWERS_FILE
+    )
+    return _judge(settings, options, exams[: options.limit])
+
+
+def _judge(settings: Settings, options: JudgeOptions, exams: list[Exam]) -> list[Estimate]:
+    plan = JudgePlan(settings, options, exams)
+    graded = [_graded(plan, JUDGMENTS_FILE, "qa_id", "judge", settings)]
+    if not options.controls:
+        return graded
+    sources = [
+        Source(exam.qa_id, exam.document, exam.question, exam.ground_truth)
+        for exam in exams
+        if exam.question is not None and exam.ground_truth is not None
+    ]
+    controls = build_controls(sources, options.controls, options.seed)
+    plan = ControlPlan(settings, options, controls)
+    return [*graded, _graded(plan, CONTROLS_FILE, "control_id", "judge_controls", settings)]
+
+
+def _graded(plan: JudgePlan, file: str, key: str, stage: str, settings: Settings) -> Estimate:
+    """`samples` calls for each task of a judge plan not done yet."""
+    done, per_call = done_rows(plan.options.out / file, plan.llm.model, plan.prompt.hash, key)
+    rows, tasks = plan.tasks(done)
+    graded = [task.payload for task in tasks if task.payload.question is not None]
+    prompts = (plan.messages(exam) for exam in graded for _ in range(plan.options.samples))
+    return estimate(stage, plan.llm.model, rows, prompts, settings, per_call)
+
+
+def estimate_run(
+    settings: Settings,
+    generate: GenerateOptions,
+    answer: AnswerOptions,
+    judge: JudgeOptions,
+    control_runs: bool = False,
+) -> list[Estimate]:
+    """Every stage of `run`; answer and judge on stand-ins for texts that do not exist yet."""
+    first = estimate_generate(settings, generate)
+    collection = open_collection(generate.store)
+    try:
+        chunks = islice(iter_chunks(collection, generate.doc_key), generate.limit)
+        kept = [chunk for chunk in chunks if chunk.text.strip()]
+        half = _filler(OUTPUT_TOKENS["generate"] / 2)
+        questions = [Question(qa_id_for(chunk.id), chunk.id, half) for chunk in kept]
+        second = _answers(settings, answer, questions, collection)
+        if answer.rag is not None:
+            second = Estimate("answer", f"rag:{answer.rag}", len(questions), 0, 0, 0, None)
+        reply, documents = _filler(OUTPUT_TOKENS["answer"]), {c.id: c.document for c in kept}
+        exams = [Exam(q.qa_id, half, half, reply, documents[q.chunk_id]) for q in questions]
+        estimates = [first, second, *_judge(settings, judge, exams)]
+        for folder, context in CONTROL_RUNS if control_runs else ():
+            where = replace(answer, out=answer.out / folder, context=context)
+            estimates.append(_named(_answers(settings, where, questions, collection), folder))
+            graders = replace(judge, out=judge.out / folder, controls=0)
+            estimates += [_named(e, folder) for e in _judge(settings, graders, exams)]
+    finally:
+        release(generate.store)
+    return estimates
+
+
+def _named(estimated: Estimate, folder: str) -> Estimate:
+    return replace(estimated, stage=f"{estimated.stage}_{folder}")
+
+
+def _filler(tokens: float) -> str:
+    """A stand-in text that the estimate counts as about `tokens` tokens."""
+    return " ".join(["tok"] * max(1, round(tokens / text_tokens("tok "))))

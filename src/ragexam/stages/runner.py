@@ -1,0 +1,382 @@
+"""The stage runner: concurrent rows, each written the moment it lands, resumable after any crash.
+
+Each row runs on its own with its own error handling (never Runnable.batch, which loses
+finished rows when one fails). A row that fails for good is written as an `error` row with
+its reason; only AuthError (the key is refused) stops the run, after a few rows confirm it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from ragexam.errors import (
+    AuthError,
+    EndpointError,
+    LLMError,
+    OutputFileError,
+    RagexamError,
+    TooManyErrors,
+)
+from ragexam.io.csvfile import RowLog, read_rows
+from ragexam.io.fingerprint import changed_inputs, stale_rows
+from ragexam.io.lock import run_folder_lock
+from ragexam.io.manifest import manifest_room, update_manifest
+from ragexam.llm.pacing import Traffic
+
+# Columns the runner fills for every stage, after the stage's own.
+RUN_COLUMNS = (
+    "status",
+    "error",
+    "model",
+    "prompt_hash",
+    "input_hash",
+    "prompt_tokens",
+    "completion_tokens",
+    "attempts",
+    "latency_s",
+    "raw_reply",
+)
+AUTH_FAILURES_TO_STOP = 3
+RAW_LIMIT = 2000
+
+
+@dataclass(frozen=True)
+class Task:
+    """One row to do: its key, the columns known up front, and what the work needs."""
+
+    key: str
+    known: Mapping[str, Any]
+    payload: Any = None
+
+
+@dataclass(frozen=True)
+class Stage:
+    """What a stage writes, and the fingerprint (model, prompt, fixed settings) its rows share."""
+
+    name: str
+    path: Path
+    key: str
+    columns: Sequence[str]
+    model: str
+    prompt_hash: str
+    fixed: Mapping[str, Any] = field(default_factory=dict)  # settings every row must share
+
+    def all_columns(self) -> list[str]:
+        """The output's columns: the key, the stage's own, then the runner's."""
+        return [self.key, *self.columns, *RUN_COLUMNS]
+
+
+@dataclass
+class Outcome:
+    """What a run did: rows by result, and what the calls cost."""
+
+    done_before: int = 0
+    redone: int = 0  # rows that were ok, but made from an input that has changed since
+    quarantined: int = 0  # unreadable rows moved to FILE.bad-rows
+    ok: int = 0
+    errors: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    reasons: dict[str, int] = field(default_factory=dict)
+    learned_rpm: int | None = None  # the endpoint's rate limit, learned from its 429s
+
+    def record(self) -> dict[str, Any]:
+        """The figures that go into the manifest."""
+        rows = self.ok + self.errors
+        return {
+            "rows_ok": self.ok,
+            "rows_error": self.errors,
+            "rows_done_before": self.done_before,
+            "rows_redone": self.redone,
+            "rows_quarantined": self.quarantined,
+            "seconds": round(self.seconds, 3),
+            "rows_per_second": round(rows / self.seconds, 2) if self.seconds else None,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+        }
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """What a stage did, the file it wrote, and the input rows it skipped as errors."""
+
+    outcome: Outcome
+    path: Path
+    skipped: int = 0
+
+
+Work = Callable[[Task], Awaitable[dict[str, Any]]]
+
+
+class Progress(Protocol):
+    """Where the runner reports rows as they land (the CLI draws a bar from it)."""
+
+    def start(self, total: int | None, done_before: int) -> None:
+        """The run begins: `total` rows to do, if known, beside those already done."""
+
+    def advance(self, ok: bool) -> None:
+        """One row landed."""
+
+    def watch(self, traffic: Traffic) -> None:
+        """The counters of the stage's calls (retries, 429s, the current pause), to show."""
+
+
+class Runner:
+    """Runs a stage's tasks into its RowLog, skipping rows that are already `ok`."""
+
+    def __init__(
+        self,
+        stage: Stage,
+        *,
+        concurrency: int,
+        force: bool = False,
+        redact: Callable[[str], str] = str,
+        progress: Progress | None = None,
+    ) -> None:
+        self.stage = stage
+        self.log = RowLog(stage.path, stage.all_columns())
+        self.concurrency = concurrency
+        self.force = force
+        self.redact = redact
+        self.progress = progress
+        self.outcome = Outcome()
+        self._auth_failures = 0
+        self._previous_errors: dict[str, Mapping[str, Any]] = {}
+        self._started: set[str] = set()
+
+    def resume(self, inputs: Callable[[], Mapping[str, str]] = dict) -> set[str]:
+        """Load the output, keep its `ok` rows that are still current, return their keys.
+
+        `inputs` gives the input hash of every row this run wants; an `ok` row whose input
+        has changed is redone. Rows of another model, prompt or settings need --force.
+        """
+        ok: dict[str, Mapping[str, Any]] = {}
+        position: dict[str, int] = {}  # of each key's ok row in the file
+        rows = self.log.load(self._resume_columns())
+        for at, row in enumerate(rows):
+            key = row[self.stage.key]
+            if row["status"] == "ok":
+                ok[key], position[key] = row, at
+                self._previous_errors.pop(key, None)
+            elif key not in ok:
+                self._previous_errors[key] = row
+        self.outcome.quarantined = self.log.quarantined
+        for key in stale_rows(self.stage, ok, self.force):
+            del ok[key]
+        changed = changed_inputs(ok, inputs) if ok else []
+        for key in changed:
+            del ok[key]
+        self.outcome.redone = len(changed)
+        if len(ok) < len(rows):  # only to drop rows: a file of `ok` rows is appended to as it is
+            self.log.keep({position[key] for key in ok})  # error rows go; they come back
+        self.outcome.done_before = len(ok)
+        return set(ok)
+
+    def _resume_columns(self) -> list[str]:
+        """What resume reads of an `ok` row: its key, status and fingerprint."""
+        fingerprint = ["model", "prompt_hash", "input_hash", *self.stage.fixed]
+        return [self.stage.key, "status", *fingerprint]
+
+    async def run(self, tasks: Iterable[Task] | AsyncIterator[Task], work: Work) -> Outcome:
+        """Do every task not yet `ok`, `concurrency` at a time, writing rows as they land."""
+        started = time.monotonic()
+        source = _aiter(tasks)
+        lock = asyncio.Lock()  # an async generator cannot be advanced by two workers at once
+        workers = [
+            asyncio.create_task(self._worker(source, lock, work)) for _ in range(self.concurrency)
+        ]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            for worker in workers:
+                worker.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            self.outcome.seconds = time.monotonic() - started
+            try:
+                self._restore_untouched_errors()
+            finally:
+                self.log.close()
+        return self.outcome
+
+    async def _worker(self, source: AsyncIterator[Task], lock: asyncio.Lock, work: Work) -> None:
+        while True:
+            async with lock:
+                task = await anext(source, None)
+            if task is None:
+                return
+            self._record(task, await self._attempt(task, work))
+            self._started.add(task.key)  # after the write: Ctrl-C mid-call keeps the old row
+
+    async def _attempt(self, task: Task, work: Work) -> dict[str, Any]:
+        try:
+            values = await work(task)
+        except EndpointError:
+            raise  # every row would fail the same way: stop the stage
+        except AuthError as exc:
+            self._auth_failures += 1
+            if self._auth_failures >= AUTH_FAILURES_TO_STOP:
+                raise AuthError(self.redact(str(exc))) from None
+            return self._error_row(exc)
+        except RagexamError as exc:
+            return self._error_row(exc)
+        return {**values, "status": "ok", "error": None}
+
+    def _error_row(self, exc: RagexamError) -> dict[str, Any]:
+        reason = self.redact(" ".join(str(exc).split()))
+        row: dict[str, Any] = {"status": "error", "error": reason}
+        if isinstance(exc, LLMError):
+            row["attempts"] = exc.attempts
+            row["prompt_tokens"], row["completion_tokens"] = exc.tokens
+            if exc.raw:
+                row["raw_reply"] = self.redact(exc.raw[:RAW_LIMIT])
+        return row
+
+    def _record(self, task: Task, values: dict[str, Any]) -> None:
+        row = {self.stage.key: task.key, **task.known, **values}
+        row.setdefault("model", self.stage.model)
+        row.setdefault("prompt_hash", self.stage.prompt_hash)
+        self.log.append(row)
+        ok = row["status"] == "ok"
+        if ok:
+            self.outcome.ok += 1
+        else:
+            self.outcome.errors += 1
+            reason = str(row["error"])[:80]
+            self.outcome.reasons[reason] = self.outcome.reasons.get(reason, 0) + 1
+        self.outcome.prompt_tokens += int(row.get("prompt_tokens") or 0)
+        self.outcome.completion_tokens += int(row.get("completion_tokens") or 0)
+        if self.progress is not None:
+            self.progress.advance(ok)
+
+    def _restore_untouched_errors(self) -> None:
+        """Error rows of an earlier run that this run did not reach go back in the file."""
+        for key, row in self._previous_errors.items():
+            if key not in self._started:
+                self.log.append(row)
+        self._started.update(self._previous_errors)
+
+
+class Plan(Protocol):
+    """What a stage hands the runner: its tasks, the work of one row, and its resources."""
+
+    def tasks(self, done: set[str]) -> tuple[int | None, Iterable[Task] | AsyncIterator[Task]]:
+        """How many rows are left (if known) and the tasks, given the keys already done.
+
+        Each task's `known` holds its `input_hash`.
+        """
+        ...
+
+    def inputs(self) -> Mapping[str, str]:
+        """The input hash of every row this run wants, by key."""
+        ...
+
+    async def work(self, task: Task) -> dict[str, Any]:
+        """Do one row; raise a RagexamError to make it an error row."""
+        ...
+
+    async def preflight(self) -> None:
+        """Check, inside the event loop and before the first row, what would fail every row."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections and clients."""
+        ...
+
+    def figures(self) -> dict[str, Any]:
+        """What the stage adds to its manifest record when it ends (calls, methods)."""
+        ...
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How the runner runs: the run folder, rows in flight, and what it may redo."""
+
+    out: Path
+    concurrency: int
+    force: bool = False
+    redact: Callable[[str], str] = str
+
+
+def execute(
+    stage: Stage,
+    plan: Plan,
+    record: dict[str, Any],
+    how: RunSettings,
+    progress: Progress | None = None,
+) -> Outcome:
+    """Resume the stage's output, run what is left in one event loop, and keep the manifest.
+
+    The run folder is locked throughout: one writer at a time.
+    """
+    with run_folder_lock(how.out), manifest_room(how.out):
+        return _execute(stage, plan, record, how, progress)
+
+
+def _execute(
+    stage: Stage, plan: Plan, record: dict[str, Any], how: RunSettings, progress: Progress | None
+) -> Outcome:
+    runner = Runner(
+        stage, concurrency=how.concurrency, force=how.force, redact=how.redact, progress=progress
+    )
+    done = runner.resume(plan.inputs)
+    total, tasks = plan.tasks(done)
+    update_manifest(how.out, stage.name, {**record, "status": "running"})
+
+    traffic = _traffic(plan)
+
+    async def main() -> None:
+        try:
+            await plan.preflight()
+            if progress is not None:
+                progress.watch(traffic)
+                progress.start(total, len(done))
+            await runner.run(tasks, plan.work)
+        finally:
+            await plan.aclose()
+
+    status = "failed"
+    try:
+        asyncio.run(main())
+        status = "finished"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    finally:
+        runner.outcome.learned_rpm = traffic.learned_rpm
+        figures = {**plan.figures(), **runner.outcome.record(), **traffic.record()}
+        try:
+            final = {**record, **figures, "status": status}
+            update_manifest(how.out, stage.name, final, last=True)
+        except OutputFileError:
+            if status == "finished":
+                raise  # otherwise the error that stopped the run is the one to show
+    return runner.outcome
+
+
+def _traffic(plan: Plan) -> Traffic:
+    """The counters of the plan's chat model, if it has one (a custom RAG has none)."""
+    llm = getattr(plan, "llm", None)
+    return llm.pacer.traffic if llm is not None else Traffic()
+
+
+async def _aiter(tasks: Iterable[Task] | AsyncIterator[Task]) -> AsyncIterator[Task]:
+    if isinstance(tasks, AsyncIterator):
+        async for task in tasks:
+            yield task
+    else:
+        for task in tasks:
+            yield task
+
+
+def check_error_rate(path: Path, limit: float) -> None:
+    """Raise TooManyErrors when the output holds more error rows than `limit` allows."""
+    statuses = [row.get("status") for row in read_rows(path, ["status"])]
+    errors = sum(status != "ok" for status in statuses)
+    if statuses and errors / len(statuses) > limit:
+        raise TooManyErrors(errors, len(statuses), limit, path)

@@ -1,0 +1,1 @@
+"""Read-only access to a Chroma store: open it, page through its chunks, never change it."""

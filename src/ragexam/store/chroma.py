@@ -1,0 +1,281 @@
+"""Read-only access to a Chroma store: open it, pick the collection, page through its chunks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from ragexam.errors import AuthError, RagexamError, StoreError
+from ragexam.store.deadline import DeadlineExceeded, call_with_deadline
+from ragexam.store.snapshot import existing_snapshot, snapshot_of
+from ragexam.urls import mask_url, parse_http_url
+
+DEFAULT_DOC_KEYS = ("source", "document", "doc_id", "file_path", "filename", "title")
+UNKNOWN_DOCUMENT = "(unknown)"
+PAGE_SIZE = 1000
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One record of the collection, with the name of its source document."""
+
+    id: str
+    text: str
+    document: str
+    metadata: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class StoreRef:
+    """Where the chunks live: a persist directory or a server URL, and a collection."""
+
+    path: Path | None = None
+    url: str | None = None
+    collection: str | None = None
+    # Told, in one line, when a persisted store is copied to be read (the CLI prints it).
+    notify: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
+    timeout: float = 60.0  # seconds any one store call may take (RAGEXAM_STORE_TIMEOUT)
+    tenant: str | None = None  # a Chroma server's tenant and database; its defaults when None
+    database: str | None = None
+    token: str | None = field(default=None, repr=False)  # CHROMA_API_KEY; never shown
+
+    def describe(self) -> str:
+        """A short human name for the store, for messages and the manifest."""
+        return str(self.path) if self.path is not None else mask_url(str(self.url))
+
+
+def _client_settings() -> Any:
+    from chromadb.config import Settings
+
+    # validate, not apply: opening an older store must never migrate it in place.
+    return Settings(anonymized_telemetry=False, allow_reset=False, migrations="validate")
+
+
+def open_client(ref: StoreRef) -> Any:
+    """A Chroma client for the store, refusing to create one that does not exist."""
+    if ref.url is not None:
+        try:
+            parts = parse_http_url(ref.url, "--chroma-url")
+        except ValueError as exc:
+            raise StoreError(str(exc)) from None
+        port = parts.port or (443 if parts.scheme == "https" else 8000)
+        connect = partial(_connect, ref, parts.hostname or "", port, parts.scheme == "https")
+        try:
+            return TimedStore(call_with_deadline(connect, ref.timeout), ref)
+        except DeadlineExceeded:
+            raise _stalled(ref, "to a connection") from None
+        except Exception as exc:
+            raise _refused(ref, exc) from None
+    return TimedStore(_open_persistent(ref.path or Path(), ref.notify), ref)
+
+
+def _connect(ref: StoreRef, host: str, port: int, ssl: bool) -> Any:
+    """An HTTP client; a token goes in both headers Chroma servers read (self-hosted, Cloud)."""
+    import chromadb
+    from chromadb.config import DEFAULT_DATABASE, DEFAULT_TENANT
+
+    token = ref.token or ""
+    return chromadb.HttpClient(
+        host=host,
+        port=port,
+        ssl=ssl,
+        headers={"Authorization": f"Bearer {token}", "X-Chroma-Token": token} if token else None,
+        tenant=ref.tenant or DEFAULT_TENANT,
+        database=ref.database or DEFAULT_DATABASE,
+        settings=_client_settings(),
+    )
+
+
+def _refused(ref: StoreRef, exc: Exception) -> RagexamError:
+    """One line for a server that cannot be reached (2) or refuses the token (4), token masked."""
+    reason = mask_url(" ".join(str(exc).split()))[:300]
+    if ref.token:
+        reason = reason.replace(ref.token, "***")
+    if any(word in reason.lower() for word in ("forbidden", "unauthorized", "authenticat")):
+        return AuthError(
+            f"the Chroma server at {ref.describe()} refused the request ({reason}): "
+            + ("check CHROMA_API_KEY" if ref.token else "it needs a token: set CHROMA_API_KEY")
+        )
+    return StoreError(f"cannot reach the Chroma server at {ref.describe()}: {reason}")
+
+
+class TimedStore:
+    """A Chroma client or collection whose every call has a deadline (RAGEXAM_STORE_TIMEOUT)."""
+
+    def __init__(self, target: Any, ref: StoreRef) -> None:
+        self._target, self._ref = target, ref
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._target, name)
+        if not callable(value):
+            return value
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            try:
+                result = call_with_deadline(partial(value, *args, **kwargs), self._ref.timeout)
+            except DeadlineExceeded:
+                raise _stalled(self._ref, f"to {name}()") from None
+            return TimedStore(result, self._ref) if name == "get_collection" else result
+
+        return timed
+
+
+def _stalled(ref: StoreRef, what: str) -> StoreError:
+    return StoreError(
+        f"the Chroma store at {ref.describe()} did not answer {what} within {ref.timeout:g}s; "
+        "check that it is up, or raise RAGEXAM_STORE_TIMEOUT"
+    )
+
+
+def _open_persistent(path: Path, notify: Callable[[str], None] | None) -> Any:
+    """A client of a private snapshot of the store: Chroma writes to any store it opens."""
+    import chromadb
+
+    if not path.is_dir():
+        raise StoreError(f"no Chroma store at {path}: the directory does not exist")
+    if not (path / "chroma.sqlite3").is_file():
+        raise StoreError(f"no Chroma store at {path}: it holds no chroma.sqlite3")
+    snapshot, fresh = snapshot_of(path)
+    if fresh and notify is not None:
+        notify(snapshot.describe())
+    try:
+        return chromadb.PersistentClient(path=str(snapshot.path), settings=_client_settings())
+    except ValueError as exc:
+        if "already exists" not in str(exc):
+            raise StoreError(f"cannot open the Chroma store at {path}: {exc}") from None
+        # A --rag module in this process opened the store first, with its own settings;
+        # Chroma allows one client configuration per path, so share that one.
+        return chromadb.PersistentClient(
+            path=str(snapshot.path), settings=_settings_in_use(snapshot.path)
+        )
+    except Exception as exc:
+        if "migration" in str(exc).lower():
+            raise StoreError(
+                f"the Chroma store at {path} was written by an older Chroma; ragexam never "
+                "migrates a store: upgrade a copy of the folder by opening it once with this "
+                "version of chromadb, and point --chroma at the copy"
+            ) from None
+        raise StoreError(f"cannot open the Chroma store at {path}: {exc}") from None
+
+
+def _systems() -> dict[str, Any]:
+    """Chroma's per-process clients by path (private, hence the defensive getattr)."""
+    from chromadb.api.shared_system_client import SharedSystemClient
+
+    systems: dict[str, Any] = getattr(SharedSystemClient, "_identifier_to_system", {})
+    return systems
+
+
+def release(ref: StoreRef | None) -> None:
+    """Close ragexam's own client of a persisted store, so later code may open it its own way."""
+    if ref is None or ref.path is None:
+        return
+    opened = str(existing_snapshot(ref.path))
+    system = _systems().get(opened)
+    if system is not None and _is_ours(system.settings):
+        _systems().pop(opened, None)
+        system.stop()
+
+
+def _is_ours(settings: Any) -> bool:
+    """A client opened by ragexam, not by a --rag module (Chroma adds the path to settings)."""
+    ours = _client_settings()
+    fields = ("anonymized_telemetry", "allow_reset", "migrations")
+    return all(getattr(settings, name, None) == getattr(ours, name) for name in fields)
+
+
+def _settings_in_use(path: Path) -> Any:
+    system = _systems().get(str(path))
+    if system is None:
+        raise StoreError(f"cannot open the Chroma store at {path}: another client holds it")
+    return system.settings
+
+
+def open_collection(ref: StoreRef) -> Any:
+    """The named collection, or the only one; never created, and never empty."""
+    client = open_client(ref)
+    names = sorted(_name(item) for item in client.list_collections())
+    if ref.collection is None:
+        if len(names) != 1:
+            found = ", ".join(names) if names else "none"
+            raise StoreError(
+                f"{ref.describe()} holds {len(names)} collections ({found}): "
+                "choose one with --collection"
+            )
+        name = names[0]
+    elif ref.collection not in names:
+        found = ", ".join(names) if names else "none"
+        raise StoreError(f"no collection {ref.collection!r} in {ref.describe()}; it holds: {found}")
+    else:
+        name = ref.collection
+    collection = client.get_collection(name)
+    if collection.count() == 0:
+        raise StoreError(f"collection {name!r} in {ref.describe()} is empty: nothing to evaluate")
+    return collection
+
+
+def _name(item: Any) -> str:
+    return item if isinstance(item, str) else str(item.name)
+
+
+def document_of(metadata: Mapping[str, Any] | None, doc_key: str | None) -> str:
+    """The source document of a chunk: `doc_key`, else the first default key present."""
+    metadata = metadata or {}
+    for key in (doc_key,) if doc_key else DEFAULT_DOC_KEYS:
+        value = metadata.get(key)
+        if value not in (None, ""):
+            return str(value)
+    return UNKNOWN_DOCUMENT
+
+
+def iter_chunks(
+    collection: Any, doc_key: str | None = None, page_size: int = PAGE_SIZE, texts: bool = True
+) -> Iterator[Chunk]:
+    """Every chunk of the collection, one page in memory at a time (without texts: "" each)."""
+    offset = 0
+    include = ["documents", "metadatas"] if texts else ["metadatas"]
+    while True:
+        page = collection.get(limit=page_size, offset=offset, include=include)
+        ids = page["ids"]
+        texts_of_page = page["documents"] or [""] * len(ids)
+        for index, chunk_id in enumerate(ids):
+            metadata = (page["metadatas"] or [])[index] or {}
+            text = texts_of_page[index] or ""
+            yield Chunk(chunk_id, text, document_of(metadata, doc_key), metadata)
+        if len(ids) < page_size:
+            return
+        offset += page_size
+
+
+def check_doc_key(collection: Any, doc_key: str | None) -> None:
+    """Stop before any call when the first page's chunks lack the key that names documents."""
+    page = collection.get(limit=PAGE_SIZE, include=["metadatas"])
+    metadatas = page["metadatas"] or []
+    keys = (doc_key,) if doc_key else DEFAULT_DOC_KEYS
+    if any(key in (meta or {}) for meta in metadatas for key in keys):
+        return
+    present = sorted({key for meta in metadatas for key in (meta or {})})
+    if doc_key:
+        raise StoreError(
+            f"no chunk has the metadata field {doc_key!r} given by --doc-key; "
+            f"fields present: {', '.join(present) or 'none'}"
+        )
+    if present:  # without any field, every chunk is one unknown document, and nothing else fits
+        texts = [key for key in present if any(isinstance(m.get(key), str) for m in metadatas if m)]
+        raise StoreError(
+            f"no chunk has a metadata field that names its document ({', '.join(keys)}), so "
+            f"every chunk would be {UNKNOWN_DOCUMENT}; fields present: {', '.join(present)}: "
+            f"pass --doc-key FIELD, e.g. --doc-key {(texts or present)[0]}"
+        )
+
+
+def get_chunks(collection: Any, ids: list[str]) -> dict[str, str]:
+    """The texts of the chunks with these ids (those that exist)."""
+    if not ids:
+        return {}
+    unique = list(dict.fromkeys(ids))  # Chroma rejects a repeated id
+    found = collection.get(ids=unique, include=["documents"])
+    return dict(zip(found["ids"], [text or "" for text in found["documents"] or []], strict=True))
