@@ -22,7 +22,8 @@ from openai_server import FakeOpenAI
 from typer.testing import CliRunner
 
 from ragexam.cli.app import app
-from ragexam.io.csvfile import RowLog, scan
+from ragexam.io.csvfile import scan
+from ragexam.io.rowlog import RowLog
 
 # -- fake OpenAI server ---------------------------------------------------------------------------
 # A fresh server per test: it costs about a millisecond and no knob or request log can leak.

@@ -23,7 +23,8 @@ from test_judge import exam
 
 from ragexam.config import load_settings
 from ragexam.errors import InputFileError, LLMError
-from ragexam.io.csvfile import RowLog, _checked_file, _valid_table, read_columns, read_rows
+from ragexam.io.csvfile import _checked_file, _valid_table, read_columns, read_rows
+from ragexam.io.rowlog import RowLog
 from ragexam.llm.client import LLM
 from ragexam.stages.judge import JUDGE_COLUMNS
 from ragexam.stages.runner import Runner, Stage

@@ -222,7 +222,10 @@ def stats(
     from ragexam.analysis.stats import StatsOptions, run_stats
 
     bounds = parse_bounds(fail_under) if fail_under is not None else None
+    from ragexam.report.html import write_report
+
     result = run_stats(StatsOptions(Path(out), k, seed, split, exclude_flagged))
+    write_report(result, result.paths["report"])
     figures = {str(name): value for name, value in result.overall.iloc[0].items()}
     if bounds:
         check_bounds(figures, bounds)

@@ -20,7 +20,8 @@ from ragexam.analysis.labels import METRICS, read_labels
 from ragexam.analysis.resampling import RESAMPLES
 from ragexam.config import Scale
 from ragexam.errors import InputFileError
-from ragexam.io.csvfile import atomic_file, read_rows
+from ragexam.io.atomic import atomic_file
+from ragexam.io.csvfile import read_rows
 
 FloatArray = npt.NDArray[np.float64]
 CALIBRATION_FILE = "calibration.csv"

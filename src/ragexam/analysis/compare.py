@@ -8,15 +8,14 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from rich.table import Table
-from rich.text import Text
 
 from ragexam.analysis.grouped import grouped_compare
+from ragexam.analysis.questions import QA_FILE, load_questions, resolve_k
 from ragexam.analysis.resampling import compare_paired
-from ragexam.analysis.stats import QA_FILE, load_questions, rank_index, resolve_k, score_table
-from ragexam.cli.display import printable
+from ragexam.analysis.stats import rank_index, score_table
 from ragexam.errors import InputFileError
-from ragexam.io.csvfile import atomic_file, escape_cell
+from ragexam.io.atomic import atomic_file
+from ragexam.io.csvfile import escape_cell
 from ragexam.io.manifest import read_manifest
 
 # metric -> (the per-question flag that says it has a value, its column in score_table or None)
@@ -120,44 +119,3 @@ def manifest_warnings(run_a: Path, run_b: Path) -> list[str]:
     if k_a != k_b:
         warnings.append(f"the runs retrieved different k: {k_a} (A) and {k_b} (B)")
     return warnings
-
-
-def comparison_table(result: CompareResult) -> Table:
-    """The comparison as a rich table."""
-    table = result.table
-    overall = table[table["document"] == "ALL"]
-    changed = table[(table["document"] != "ALL") & (table["p_value"] < SIGNIFICANT)]
-    shown = changed.reindex(changed["diff"].abs().sort_values(ascending=False).index)
-    shown = shown.head(TERMINAL_DOCUMENTS)
-    rich = Table(
-        title="Run B against run A, paired on qa_id",
-        caption=f"diff = B - A with its 95% paired bootstrap CI; p: paired randomisation test. "
-        f"Per document only p < {SIGNIFICANT} ({len(shown)} of {len(changed)} shown; no "
-        f"correction for many comparisons); every row is in {result.path.name}",
-    )
-    for header in ("document", "metric", "A", "B", "diff", "95% CI", "p", "better/worse/same"):
-        rich.add_column(header, justify="left" if header in ("document", "metric") else "right")
-    for _, row in overall.iterrows():
-        rich.add_row(*_cells(row), style="bold")
-    rich.add_section()
-    for _, row in shown.iterrows():
-        rich.add_row(*_cells(row))
-    return rich
-
-
-def _cells(row: pd.Series) -> list[Text]:
-    """One row: the means, B - A with its CI and p-value, and the counts; a dash with no pairs."""
-    numbers = ["-"] * 5
-    if row["n"]:
-        numbers = [f"{row['mean_a']:.3f}", f"{row['mean_b']:.3f}", f"{row['diff']:+.3f}"]
-        numbers += [f"[{row['ci_low']:+.3f}, {row['ci_high']:+.3f}]", f"{row['p_value']:.2g}"]
-    colour = "green" if row["diff"] > 0 else "red" if row["diff"] < 0 else ""
-    counts = "/".join(str(row[name]) for name in ("improved", "worse", "same"))
-    cells = [
-        Text(printable(str(row["document"]))),
-        Text(str(row["metric"])),
-        *map(Text, numbers),
-        Text(counts),
-    ]
-    cells[4].stylize(colour)
-    return cells

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ragexam.io.csvfile import RowLog
+from ragexam.io.rowlog import RowLog
 
 CONTROLS_FILE = "judge_controls.csv"
 # The runner's key is control_id ("qa_id:kind"); these follow it, before the judge's columns.

@@ -13,7 +13,8 @@ import numpy.typing as npt
 from ragexam.analysis.sampling import allocate
 from ragexam.config import Scale
 from ragexam.errors import InputFileError, OutputFileError
-from ragexam.io.csvfile import RowLog, read_rows
+from ragexam.io.csvfile import read_rows
+from ragexam.io.rowlog import RowLog
 
 FloatArray = npt.NDArray[np.float64]
 METRICS = ("completeness", "conciseness")

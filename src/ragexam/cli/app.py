@@ -453,10 +453,13 @@ def stats(
     from ragexam.analysis.gates import check_bounds, parse_bounds
     from ragexam.analysis.stats import StatsOptions, run_stats
     from ragexam.report.controlcharts import control_line
-    from ragexam.report.html import terminal_table
+    from ragexam.report.terminal import terminal_table
 
     bounds = parse_bounds(fail_under) if fail_under is not None else None
+    from ragexam.report.html import write_report
+
     result = run_stats(StatsOptions(out, k, seed, split, exclude_flagged))
+    write_report(result, result.paths["report"])
     Starting.clear()  # the table goes to stdout: no transient line may be drawn over it
     Console().print(terminal_table(result))
     if line := control_line(result.overall):
@@ -485,8 +488,9 @@ def compare(
     """Did the change help? Paired differences per metric and document: comparison.csv."""
     from rich.console import Console
 
-    from ragexam.analysis.compare import comparison_table, run_compare
+    from ragexam.analysis.compare import run_compare
     from ragexam.analysis.gates import check_regressions
+    from ragexam.report.terminal import comparison_table
 
     result = run_compare(run_a, run_b, out or run_b, seed)
     Starting.clear()
@@ -518,7 +522,7 @@ def calibrate(
 
     from ragexam.analysis.calibrate import run_calibrate
     from ragexam.analysis.labels import write_template
-    from ragexam.report.trust import calibration_table
+    from ragexam.report.terminal import calibration_table
 
     if (labels is None) == (template is None):
         raise ConfigError("give LABELS.csv to measure the judge, or --template N to write one")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +23,8 @@ from rich.progress import (
 from rich.status import Status
 from rich.text import Text
 
+from ragexam.report.text import printable
+
 if TYPE_CHECKING:
     from ragexam.llm.pacing import Traffic
     from ragexam.llm.prices import RunCost
@@ -32,13 +33,6 @@ if TYPE_CHECKING:
 
 err = Console(stderr=True)
 PLAIN_EVERY = 10.0  # seconds between plain progress lines when stderr is not a terminal
-# C0 and C1 control characters, DEL included; tab and newline are kept.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def printable(text: str) -> str:
-    """Text with control characters (terminal escapes among them) shown as '?'."""
-    return _CONTROL.sub("?", text)
 
 
 def say(text: str, wrap: bool = False) -> None:

@@ -1,4 +1,4 @@
-"""CSV files as durable row logs: formula-safe cells, flushed appends, torn-tail repair."""
+"""CSV files: formula-safe cells, records read tolerantly, input files checked line by line."""
 
 from __future__ import annotations
 
@@ -6,18 +6,14 @@ import codecs
 import csv
 import gc
 import io
-import os
-from array import array
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from operator import methodcaller
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from ragexam.errors import InputFileError, OutputFileError
-from ragexam.io.atomic import atomic_file as atomic_file  # still importable from here
-from ragexam.io.atomic import write_error
+from ragexam.errors import InputFileError
 
 # A cell starting with one of these is run as a formula by spreadsheets (OWASP CSV injection).
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
@@ -50,7 +46,7 @@ def format_cell(value: Any) -> str:
     return escape_cell(str(value))
 
 
-def _encode(values: Iterable[str]) -> str:
+def encode_row(values: Iterable[str]) -> str:
     buffer = io.StringIO()
     csv.writer(buffer, lineterminator="\n").writerow(values)
     return buffer.getvalue()
@@ -70,7 +66,7 @@ class Record:
 def scan(data: bytes) -> tuple[list[Record], int]:
     """Every non-blank record of a CSV, readable or not, and the offset of a torn tail."""
     records: list[Record] = []
-    torn = _drain(records, _records_in(io.BytesIO(data)))
+    torn = _drain(records, records_in(io.BytesIO(data)))
     return records, torn
 
 
@@ -83,7 +79,7 @@ def _drain(items: list[Any], source: Generator[Any, None, int]) -> int:
             return int(stop.value)
 
 
-def _records_in(source: Iterator[bytes]) -> Generator[Record, None, int]:
+def records_in(source: Iterator[bytes]) -> Generator[Record, None, int]:
     """scan, one record at a time from a binary file's lines: returns the offset of a torn
     tail once every record is out.
 
@@ -116,7 +112,7 @@ def _records_in(source: Iterator[bytes]) -> Generator[Record, None, int]:
             yield Record(fields, first, start, handed[0], problem or _undecodable(fields))
 
 
-def _counted(record: Record, fields: int) -> Record:
+def counted(record: Record, fields: int) -> Record:
     """The record, marked unreadable when it has another number of fields than the header."""
     if record.problem is None and len(record.fields) != fields:
         problem = f"has {len(record.fields)} fields where the header has {fields}"
@@ -130,178 +126,6 @@ def _undecodable(fields: list[str]) -> str | None:
     except UnicodeEncodeError:
         return "is not UTF-8 text (save the file as UTF-8)"
     return None
-
-
-class RowLog:
-    """An append-only CSV of result rows that survives being killed at any byte."""
-
-    def __init__(self, path: Path, columns: Sequence[str]) -> None:
-        self.path = path
-        self.columns = list(columns)
-        self.quarantined = 0  # unreadable rows moved to FILE.bad-rows by the last load
-        self._fd: int | None = None
-        self._spans: array[int] | None = None  # start and end of each row the last load read
-
-    @property
-    def bad_rows_path(self) -> Path:
-        """Where unreadable rows go, with their line numbers."""
-        return self.path.with_name(self.path.name + ".bad-rows")
-
-    def load(self, columns: Sequence[str] | None = None) -> list[dict[str, str]]:
-        """Read the rows already written; cut a torn tail, move unreadable rows aside.
-
-        Rows from an older version that lacked some columns are read with those empty. With
-        `columns`, an `ok` row keeps only those (other rows stay whole): a large file then
-        takes a fraction of the memory, and `keep` rewrites it from the file itself.
-        """
-        rows = self._rows()  # one at a time
-        if columns is None:
-            return list(rows)
-        return [
-            row if row.get("status") != "ok" else {c: row[c] for c in columns if c in row}
-            for row in rows
-        ]
-
-    def keep(self, positions: set[int]) -> None:
-        """Rewrite the file with only its rows at these positions (0 is the first after the
-        header), as the last `load` read it: their bytes as they are, never all rows at once."""
-        if self._spans is None:  # the file was not read as it stands: read it again
-            rows = enumerate(self._rows())
-            self.rewrite(row for position, row in rows if position in positions)
-            return
-        runs: list[list[int]] = []  # byte ranges to copy, neighbours joined
-        for position in sorted(positions):
-            start, end = self._spans[2 * position], self._spans[2 * position + 1]
-            if runs and runs[-1][1] == start:
-                runs[-1][1] = end
-            else:
-                runs.append([start, end])
-        with self.path.open("rb") as source, atomic_file(self.path) as handle:
-            handle.write(_encode(self.columns))
-            text = codecs.getincrementaldecoder("utf-8")()  # a chunk may end mid-character
-            for start, end in runs:
-                source.seek(start)
-                while start < end:
-                    chunk = source.read(min(end - start, 1 << 20))
-                    start += len(chunk)
-                    handle.write(text.decode(chunk))
-
-    def _rows(self) -> Iterator[dict[str, str]]:
-        """The readable rows; once they are out, a torn tail is cut and unreadable rows are
-        moved aside (the file rewritten in a second pass, as when its header is older)."""
-        self._spans = None
-        if not self.path.exists():
-            return
-        with self.path.open("rb") as handle:
-            bom = len(codecs.BOM_UTF8) if handle.read(3) == codecs.BOM_UTF8 else 0
-            handle.seek(bom)
-            records = _records_in(handle)
-            header = next(records, None)
-            if header is None:
-                return
-            self._check_header(header.fields)
-            bad: list[Record] = []
-            self._spans = array("Q")
-            torn = yield from self._readable(records, header.fields, bad, bom)
-            self._quarantine(handle, bom, bad)
-            if bad or header.fields != self.columns:
-                handle.seek(bom)
-                again = _records_in(handle)
-                next(again)
-                self._spans = None
-                self.rewrite(self._readable(again, header.fields, []))
-                return
-        if bom + torn < self.path.stat().st_size:  # cut in place: the rows above keep their bytes
-            with self.path.open("r+b") as handle:
-                handle.truncate(bom + torn)
-
-    def _readable(
-        self,
-        records: Generator[Record, None, int],
-        header: list[str],
-        bad: list[Record],
-        bom: int | None = None,
-    ) -> Generator[dict[str, str], None, int]:
-        """The rows of the readable records, the others put in `bad`; returns the torn offset.
-
-        With `bom` (the offset of the records' bytes), each row's byte span is kept for `keep`.
-        """
-        while True:
-            try:
-                record = _counted(next(records), len(header))
-            except StopIteration as stop:
-                return int(stop.value)
-            if record.problem is not None:
-                bad.append(record)
-                continue
-            if bom is not None and self._spans is not None:
-                self._spans.extend((bom + record.start, bom + record.end))
-            cells = dict(zip(header, map(unescape_cell, record.fields), strict=True))
-            yield {column: cells.get(column, "") for column in self.columns}
-
-    def _check_header(self, header: list[str]) -> None:
-        unknown = [name for name in header if name not in self.columns]
-        if unknown or not header or header[0] != self.columns[0]:
-            raise OutputFileError(
-                self.path,
-                "exists with other columns than this version writes; "
-                "move it away or choose another --out",
-            )
-
-    def _quarantine(self, source: IO[bytes], offset: int, bad: list[Record]) -> None:
-        """Append unreadable rows, each under a line naming its line number and problem."""
-        self.quarantined = len(bad)
-        if not bad:
-            return
-        with self.bad_rows_path.open("ab") as handle:
-            for record in bad:
-                handle.write(f"# line {record.line}: {record.problem}\n".encode())
-                source.seek(offset + record.start)
-                handle.write(source.read(record.end - record.start))
-            handle.flush()
-            os.fsync(handle.fileno())
-
-    def rewrite(self, rows: Iterable[Mapping[str, Any]]) -> None:
-        """Replace the file atomically with a header and these rows."""
-        with atomic_file(self.path) as handle:
-            handle.write(_encode(self.columns))
-            for row in rows:
-                handle.write(self._line(row))
-
-    def append(self, row: Mapping[str, Any]) -> None:
-        """Write one row straight to the OS, so a killed process keeps it.
-
-        A write that fails (disk full) is cut back to the end of the last whole row, and
-        raises OutputFileError: the file never keeps half a row.
-        """
-        if self._fd is None:
-            if not self.path.exists() or self.path.stat().st_size == 0:
-                self.rewrite([])
-            try:
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-            except OSError as exc:  # a file made read-only, in a folder that is not
-                raise write_error(self.path, exc) from None
-        data = self._line(row).encode("utf-8")
-        size = os.fstat(self._fd).st_size
-        try:
-            while data:
-                data = data[os.write(self._fd, data) :]
-        except OSError as exc:
-            os.ftruncate(self._fd, size)  # shrinking needs no room, even on a full disk
-            advice = "; make room and rerun the same command, every finished row is kept"
-            raise write_error(self.path, exc, advice) from None
-
-    def _line(self, row: Mapping[str, Any]) -> str:
-        return _encode(format_cell(row.get(column)) for column in self.columns)
-
-    def close(self) -> None:
-        """Flush to disk and close."""
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
 
 
 @contextmanager
@@ -442,7 +266,7 @@ def _checked_rows(
 ) -> list[dict[str, str]]:
     rows, seen = [], set()
     for record in records:
-        record = _counted(record, len(columns))
+        record = counted(record, len(columns))
         if record.problem is not None:
             raise InputFileError(path, record.problem, record.line)
         row = {

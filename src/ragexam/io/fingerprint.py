@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from ragexam.errors import OutputFileError
-
-if TYPE_CHECKING:
-    from ragexam.stages.runner import Stage
 
 UNIT_SEPARATOR = "\x1f"  # cannot appear in CSV text cells that matter, so joins stay unambiguous
 
@@ -24,6 +22,26 @@ def input_hash(*values: str | None) -> str:
     """A short stable hash of the input values a row is made from, in order."""
     text = UNIT_SEPARATOR.join("" if value is None else value for value in values)
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+
+
+class Stage(Protocol):
+    """What the rows of a stage's output must share: model, prompt and fixed settings."""
+
+    @property
+    def path(self) -> Path:
+        """The output file."""
+
+    @property
+    def model(self) -> str:
+        """The model that made the rows."""
+
+    @property
+    def prompt_hash(self) -> str:
+        """The hash of the prompt that made them."""
+
+    @property
+    def fixed(self) -> Mapping[str, Any]:
+        """The settings every row shares."""
 
 
 def changed_inputs(

@@ -16,12 +16,14 @@ import asyncio
 import importlib
 import inspect
 import sys
+import time
 from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ragexam.errors import ConfigError, RowError
-from ragexam.rag.retrieval import Hit
+from ragexam.rag.base import Hit, RagSystem, rank_of
+from ragexam.store.chroma import StoreRef
 from ragexam.store.deadline import DeadlineExceeded, await_with_deadline
 
 ANSWER_KEYS = ("answer", "result", "output")
@@ -199,3 +201,27 @@ def _hit(item: Any) -> Hit:
         (str(metadata[key]) for key in ID_KEYS if metadata.get(key)), None
     )
     return Hit(chunk_id, text)
+
+
+class CustomRag(RagSystem):
+    """The user's RAG callable, from `--rag module:callable`."""
+
+    def __init__(
+        self, rag: Any, spec: str, store: StoreRef | None, collection: Any, k: int, timeout: float
+    ) -> None:
+        super().__init__(store, collection, k)
+        self.rag, self.name, self.timeout = rag, spec, timeout
+        self.model, self.prompt_hash = f"rag:{spec}", ""
+
+    async def answer(self, payload: Any) -> dict[str, Any]:
+        """Ask the callable; match what it retrieved against the source chunk."""
+        question, source_text = payload
+        started = time.monotonic()
+        answer, hits = await call_rag(self.rag, question.text, self.timeout)
+        latency = round(time.monotonic() - started, 3)
+        missing = [hit.id for hit in hits if hit.text is None and hit.id is not None]
+        if missing and (source_text is not None or self.text_chars is not None):
+            texts = await self.source_texts(missing)  # ids only: texts match duplicates
+            hits = [Hit(hit.id, texts.get(hit.id or "", hit.text)) for hit in hits]
+        rank = rank_of(question.chunk_id, source_text, hits)
+        return {**self.row(answer, hits, rank, source_text), "latency_s": latency}

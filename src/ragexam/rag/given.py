@@ -13,8 +13,7 @@ from ragexam.config import AnswerContext, Settings
 from ragexam.errors import RowError
 from ragexam.llm.client import LLM
 from ragexam.llm.prompts import Prompt, context_block, load_prompt
-from ragexam.stages.answer import Question, RagSystem
-from ragexam.stages.runner import Task
+from ragexam.rag.base import Question, RagSystem
 from ragexam.store.chroma import StoreRef
 
 PROMPTS = {AnswerContext.gold: "answer", AnswerContext.none: "answer_closed_book"}
@@ -49,9 +48,9 @@ class GivenContext(RagSystem):
             return [(question, None) for question in batch]
         return await super().prepare(batch)
 
-    async def work(self, task: Task) -> dict[str, Any]:
+    async def answer(self, payload: Any) -> dict[str, Any]:
         """Answer from the source chunk, or from nothing."""
-        question, source_text = task.payload
+        question, source_text = payload
         if not question.text.strip():
             raise RowError("the question is empty")
         values = {"question": question.text}

@@ -11,7 +11,7 @@ from html import escape
 
 import pandas as pd
 
-from ragexam.analysis.stats import LOW_COMPLETENESS, LOW_CONCISENESS
+from ragexam.analysis.summary import LOW_COMPLETENESS, LOW_CONCISENESS
 
 SCATTER_DOCUMENTS = 2000  # the largest documents; more dots would only hide each other
 # diagnosis -> (colour in the report, colour in the terminal)
@@ -30,14 +30,14 @@ def diagnosis_colour(diagnosis: str, terminal: bool = False) -> str:
     return COLOURS.get(diagnosis, ("#57606a", ""))[terminal]
 
 
-def _svg(width: float, height: float, parts: Iterable[str], label: str) -> str:
+def svg(width: float, height: float, parts: Iterable[str], label: str) -> str:
     return (
         f'<svg viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
         f'aria-label="{escape(label)}">{"".join(parts)}</svg>'
     )
 
 
-def _text(x: float, y: float, text: str, attributes: str = "") -> str:
+def svg_text(x: float, y: float, text: str, attributes: str = "") -> str:
     return f'<text x="{x:.1f}" y="{y:.1f}" {attributes}>{escape(text)}</text>'
 
 
@@ -48,21 +48,21 @@ def bars(documents: pd.DataFrame) -> str:
     for number, (_, row) in enumerate(documents.iterrows()):
         top, name, diagnosis = 24 + number * height, str(row["document"]), str(row["diagnosis"])
         short = name if len(name) <= 44 else "…" + name[-43:]
-        parts.append(_text(left - 10, top + 15, short, 'text-anchor="end"'))
+        parts.append(svg_text(left - 10, top + 15, short, 'text-anchor="end"'))
         parts.append(_bar(row, "completeness", left, scale, top + 2, "#3b6fb6"))
         parts.append(_bar(row, "conciseness", left, scale, top + 15, "#7fb3d5"))
         x = left + scale + 30
         parts.append(
             f'<circle cx="{x}" cy="{top + 13}" r="6" fill="{diagnosis_colour(diagnosis)}"/>'
         )
-        parts.append(_text(x + 12, top + 17, diagnosis))
+        parts.append(svg_text(x + 12, top + 17, diagnosis))
     for x, colour, label in (
         (left, "#3b6fb6", "completeness"),
         (left + 120, "#7fb3d5", "conciseness"),
     ):
         parts.append(f'<rect x="{x}" y="4" width="10" height="10" fill="{colour}"/>')
-        parts.append(_text(x + 14, 13, label))
-    return _svg(left + scale + 160, 44 + height * len(documents), parts, "bars per document")
+        parts.append(svg_text(x + 14, 13, label))
+    return svg(left + scale + 160, 44 + height * len(documents), parts, "bars per document")
 
 
 def _axis(left: int, scale: int, bottom: int) -> str:
@@ -71,7 +71,7 @@ def _axis(left: int, scale: int, bottom: int) -> str:
     for tick in (0, 0.2, 0.4, 0.6, 0.8, 1.0):
         x = left + scale * tick
         lines.append(f'<line x1="{x}" y1="20" x2="{x}" y2="{bottom}" stroke="#eaeef2"/>')
-        lines.append(_text(x, bottom + 14, f"{tick:.1f}", 'text-anchor="middle"'))
+        lines.append(svg_text(x, bottom + 14, f"{tick:.1f}", 'text-anchor="middle"'))
     x = left + scale * LOW_COMPLETENESS
     dashed = 'stroke="#d1495b" stroke-dasharray="4 3"'
     return "".join(lines) + f'<line x1="{x}" y1="20" x2="{x}" y2="{bottom}" {dashed}/>'
@@ -82,7 +82,7 @@ def _bar(row: pd.Series, metric: str, left: int, scale: int, y: float, colour: s
     mean, low, high = (row[f"{metric}_{part}"] for part in ("mean", "ci_low", "ci_high"))
     if pd.isna(mean):  # one note for the pair of bars
         note = "no judged question yet" if metric == "completeness" else ""
-        return _text(left + 4, y + 14, note, 'fill="#57606a"')
+        return svg_text(left + 4, y + 14, note, 'fill="#57606a"')
     tip = f"{metric} {mean:.3f}, 95% CI {low:.3f} to {high:.3f}"
     low, high = left + low * scale, left + high * scale
     return (
@@ -107,11 +107,13 @@ def histogram(overall: pd.Series, k: int) -> str:
             f'height="{tall:.1f}" fill="{"#d1495b" if label == "miss" else "#3b6fb6"}" rx="2">'
             f"<title>{label}: {count:,} questions</title></rect>"
         )
-        parts.append(_text(x + step / 2, bottom - tall - 6, f"{count / total:.0%}", middle))
-        parts.append(_text(x + step / 2, bottom + 16, label, middle))
+        parts.append(svg_text(x + step / 2, bottom - tall - 6, f"{count / total:.0%}", middle))
+        parts.append(svg_text(x + step / 2, bottom + 16, label, middle))
         if step >= 60:  # room for the count under the label
-            parts.append(_text(x + step / 2, bottom + 32, f"{count:,}", f'{middle} fill="#8c959f"'))
-    return _svg(460, 420, parts, "rank histogram")
+            parts.append(
+                svg_text(x + step / 2, bottom + 32, f"{count:,}", f'{middle} fill="#8c959f"')
+            )
+    return svg(460, 420, parts, "rank histogram")
 
 
 def scatter(documents: pd.DataFrame) -> str:
@@ -139,14 +141,14 @@ def scatter(documents: pd.DataFrame) -> str:
             f'fill-opacity="0.75" stroke="#fff"><title>{escape(tip)}</title></circle>'
         )
     middle = 'text-anchor="middle"'
-    parts.append(_text(pad + size / 2, size + pad / 2 + 32, "completeness", middle))
-    parts.append(_text(12, 220, "conciseness", f'{middle} transform="rotate(-90 12 220)"'))
+    parts.append(svg_text(pad + size / 2, size + pad / 2 + 32, "completeness", middle))
+    parts.append(svg_text(12, 220, "conciseness", f'{middle} transform="rotate(-90 12 220)"'))
     for tick in (0, 0.5, 1):
-        parts.append(_text(pad + tick * size, size + pad / 2 + 16, f"{tick:g}", middle))
+        parts.append(svg_text(pad + tick * size, size + pad / 2 + 16, f"{tick:g}", middle))
         parts.append(
-            _text(pad - 6, pad / 2 + (1 - tick) * size + 4, f"{tick:g}", 'text-anchor="end"')
+            svg_text(pad - 6, pad / 2 + (1 - tick) * size + 4, f"{tick:g}", 'text-anchor="end"')
         )
-    return _svg(size + pad + 10, size + pad + 20, parts, "completeness against conciseness")
+    return svg(size + pad + 10, size + pad + 20, parts, "completeness against conciseness")
 
 
 def _regions(size: int, pad: int) -> str:
@@ -161,6 +163,6 @@ def _regions(size: int, pad: int) -> str:
         x, y = pad + x0 * size, pad / 2 + (1 - y1) * size
         parts.append(
             f'<rect x="{x}" y="{y}" width="{(x1 - x0) * size}" height="{(y1 - y0) * size}" '
-            f'fill="{fill}"/>' + _text(x + 6, y + 16, label, 'fill="#57606a"')
+            f'fill="{fill}"/>' + svg_text(x + 6, y + 16, label, 'fill="#57606a"')
         )
     return "".join(parts)

@@ -8,7 +8,7 @@ import pandas as pd
 
 from ragexam.analysis.controlruns import LOW_GOLD, PRIOR_KNOWLEDGE, RETRIEVAL_LOSS
 from ragexam.analysis.cutoffs import cutoffs_for
-from ragexam.report.charts import _svg, _text, diagnosis_colour
+from ragexam.report.charts import diagnosis_colour, svg, svg_text
 
 # (column, label, colour) of the three bars per document
 RUNS = [
@@ -46,7 +46,7 @@ def control_bars(documents: pd.DataFrame) -> str:
     for number, row in enumerate(documents.to_dict("records")):
         top, name = 26 + number * height, str(row["document"])
         short = name if len(name) <= 44 else "…" + name[-43:]
-        parts.append(_text(left - 10, top + 20, short, 'text-anchor="end"'))
+        parts.append(svg_text(left - 10, top + 20, short, 'text-anchor="end"'))
         for place, (column, label, colour) in enumerate(RUNS):
             value, y = row[column], top + place * 13
             if pd.isna(value):
@@ -55,21 +55,21 @@ def control_bars(documents: pd.DataFrame) -> str:
                 f'<rect x="{left}" y="{y}" width="{value * scale:.1f}" height="11" '
                 f'fill="{colour}" rx="2"><title>{label} {value:.3f}</title></rect>'
             )
-            parts.append(_text(left + value * scale + 4, y + 10, f"{value:.2f}", 'font-size="10"'))
+            parts.append(
+                svg_text(left + value * scale + 4, y + 10, f"{value:.2f}", 'font-size="10"')
+            )
         loss, diagnosis = row.get("retrieval_loss"), str(row["diagnosis"])
         x = left + scale + 50
         parts.append(
             f'<circle cx="{x}" cy="{top + 18}" r="6" fill="{diagnosis_colour(diagnosis)}"/>'
         )
         shown = "" if pd.isna(loss) else f" · retrieval loss {loss:+.2f}"
-        parts.append(_text(x + 12, top + 22, diagnosis + shown))
+        parts.append(svg_text(x + 12, top + 22, diagnosis + shown))
     for place, (_, label, colour) in enumerate(RUNS):
         x = left + place * 120
         parts.append(f'<rect x="{x}" y="4" width="10" height="10" fill="{colour}"/>')
-        parts.append(_text(x + 14, 13, label))
-    return _svg(
-        left + scale + 230, 36 + height * len(documents), parts, "control runs per document"
-    )
+        parts.append(svg_text(x + 14, 13, label))
+    return svg(left + scale + 230, 36 + height * len(documents), parts, "control runs per document")
 
 
 def cutoff_chart(overall: pd.Series, k: int) -> str:
@@ -91,7 +91,9 @@ def cutoff_chart(overall: pd.Series, k: int) -> str:
             points.append(f"{x:.1f},{y:.1f}")
             tip = f"<title>{metric} at {cutoff}: {value:.3f}</title>"
             parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{colour}">{tip}</circle>')
-            parts.append(_text(x, y + shift, f"{value:.2f}", 'text-anchor="middle" font-size="10"'))
+            parts.append(
+                svg_text(x, y + shift, f"{value:.2f}", 'text-anchor="middle" font-size="10"')
+            )
         polyline = f'points="{" ".join(points)}" fill="none" stroke="{colour}" stroke-width="2"'
         parts.append(f"<polyline {polyline}/>")
         top = 10 + 18 * line
@@ -99,12 +101,14 @@ def cutoff_chart(overall: pd.Series, k: int) -> str:
             f'<rect x="{width - pad + 10}" y="{top}" width="10" height="10" fill="{colour}"/>'
         )
         parts.append(
-            _text(width - pad + 24, top + 9, metric.replace("_", " ").replace("mrr", "MRR"))
+            svg_text(width - pad + 24, top + 9, metric.replace("_", " ").replace("mrr", "MRR"))
         )
     for place, cutoff in enumerate(cutoffs):
-        parts.append(_text(pad + place * step, bottom + 34, f"@{cutoff}", 'text-anchor="middle"'))
-    parts.append(_text(width / 2, height - 6, "cutoff C (chunks kept)", 'text-anchor="middle"'))
-    return _svg(width + 80, height, parts, "hit rate and MRR against the cutoff")
+        parts.append(
+            svg_text(pad + place * step, bottom + 34, f"@{cutoff}", 'text-anchor="middle"')
+        )
+    parts.append(svg_text(width / 2, height - 6, "cutoff C (chunks kept)", 'text-anchor="middle"'))
+    return svg(width + 80, height, parts, "hit rate and MRR against the cutoff")
 
 
 def _cutoff_axes(width: int, bottom: int, span: int, pad: int) -> list[str]:
@@ -114,7 +118,7 @@ def _cutoff_axes(width: int, bottom: int, span: int, pad: int) -> list[str]:
         y = bottom - value * span
         stroke = "#8c959f" if value == 0 else "#e4e7eb"
         parts.append(f'<line x1="{pad}" y1="{y}" x2="{width - pad}" y2="{y}" stroke="{stroke}"/>')
-        parts.append(_text(pad - 6, y + 4, f"{value:g}", 'text-anchor="end" font-size="10"'))
+        parts.append(svg_text(pad - 6, y + 4, f"{value:g}", 'text-anchor="end" font-size="10"'))
     return parts
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ragexam.analysis.stats import LOW_COMPLETENESS, LOW_CONCISENESS
+from ragexam.analysis.summary import LOW_COMPLETENESS, LOW_CONCISENESS
 from ragexam.io.csvfile import unescape_cell
 from ragexam.io.manifest import input_file
 

@@ -2,105 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from html import escape
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
-from rich import box
-from rich.table import Table
-from rich.text import Text
 
 from ragexam.analysis.resampling import RESAMPLES
-from ragexam.analysis.stats import (
+from ragexam.analysis.summary import (
     DIAGNOSES,
     LOW_COMPLETENESS,
     LOW_CONCISENESS,
     LOW_HIT_RATE,
     StatsResult,
 )
-from ragexam.cli.display import printable
-from ragexam.io.csvfile import atomic_file
-from ragexam.report import drilldown
-from ragexam.report.charts import bars, diagnosis_colour, histogram, scatter
+from ragexam.io.atomic import atomic_file
+from ragexam.report import drilldown, page
+from ragexam.report.charts import bars, histogram, scatter
 from ragexam.report.controlcharts import sections as measured_sections
 
-TERMINAL_ROWS = 20
-TERMINAL_NAME = 32  # characters of a document name in the terminal; the tail is kept
 REPORT_DOCUMENTS = 30
-# (CI column prefix, mean column, label)
-MEANS = [
-    ("completeness", "completeness_mean", "completeness"),
-    ("conciseness", "conciseness_mean", "conciseness"),
-    ("hit_rate", "hit_rate", "hit rate"),
-    ("mrr", "mrr", "MRR"),
-]
-DASH = "\u2013"  # between the bounds of an interval
-SHORT = {
-    "questions": "n",
-    "errors": "err",
-    "pending": "pend",
-    "completeness_mean": "compl",
-    "conciseness_mean": "conc",
-    "hit_rate": "hit",
-    "mrr": "MRR",
-}
-
-
-def _number(value: Any) -> str:
-    return "-" if pd.isna(value) else f"{float(value):.2f}"
-
-
-def _ci(row: pd.Series, name: str) -> str:
-    low, high = row[f"{name}_ci_low"], row[f"{name}_ci_high"]
-    digits = 3 if 0 < high - low < 0.02 else 2  # a narrow interval still shows its width
-    return "" if pd.isna(low) else f"{low:.{digits}f}{DASH}{high:.{digits}f}"
-
-
-# -- terminal -------------------------------------------------------------------------------------
-
-
-def terminal_table(result: StatsResult) -> Table:
-    """The per-document summary as a compact rich table that fits 80 columns."""
-    shown = result.by_document.head(TERMINAL_ROWS)
-    counts = ["questions", "errors"] + (["pending"] * bool(result.overall["pending"].iloc[0]))
-    table = Table(
-        title=f"Worst {len(shown)} of {len(result.by_document)} documents by completeness",
-        caption=f"mean, and ± half its 95% bootstrap CI; cutoff k={result.k}; the bounds and "
-        f"every document are in {result.paths['summary_by_document'].name}",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-    )
-    table.add_column("document", no_wrap=True, min_width=12, max_width=TERMINAL_NAME)
-    table.add_column("diagnosis")
-    for header in [SHORT.get(name, name) for name in counts] + [SHORT[m] for _, m, _ in MEANS]:
-        table.add_column(header, justify="right")
-    for _, row in shown.iterrows():
-        table.add_row(*_terminal_cells(row, counts))
-    table.add_section()
-    table.add_row(*_terminal_cells(result.overall.iloc[0], counts), style="bold")
-    return table
-
-
-def short_name(name: str, width: int = TERMINAL_NAME) -> str:
-    """A document name cut to one line from the left: a path's end says most about it."""
-    return name if len(name) <= width else "…" + name[-(width - 1) :]
-
-
-def _terminal_cells(row: pd.Series, counts: list[str]) -> list[Text]:
-    """One row's cells; Text keeps a document name like "[red]" from being read as markup."""
-    diagnosis = str(row["diagnosis"])
-    cells = [
-        Text(short_name(printable(str(row["document"])))),
-        Text(diagnosis, style=diagnosis_colour(diagnosis, True)),
-    ]
-    cells += [Text(str(row[name])) for name in counts]
-    for name, mean, _ in MEANS:
-        low, high = row[f"{name}_ci_low"], row[f"{name}_ci_high"]
-        spread = "" if pd.isna(low) else f"\n±{(high - low) / 2:.2f}"
-        cells.append(Text(_number(row[mean])) + Text(spread, style="dim"))
-    return cells
 
 
 # -- HTML ---------------------------------------------------------------------------------------
@@ -154,24 +74,27 @@ def write_report(result: StatsResult, path: Path) -> Path:
         _header(result),
         _cards(result.overall.iloc[0]),
         *judge_panels(result),
-        _section(
+        page.section(
             "Documents, worst completeness first",
             f"The {len(documents)} documents with the lowest completeness: mean and 95% "
             "confidence interval of each judge score, and the diagnosis.",
             bars(documents),
         ),
         _pair(result),
-        *(_section(*section) for section in measured_sections(documents, result.overall, result.k)),
-        _section("Per document", "The same documents, every figure.", _documents(documents)),
-        _section(
+        *(
+            page.section(*section)
+            for section in measured_sections(documents, result.overall, result.k)
+        ),
+        page.section("Per document", "The same documents, every figure.", _documents(documents)),
+        page.section(
             f"The {len(result.worst)} worst questions",
             "Lowest completeness first, then conciseness, then the worst rank.",
             _worst(result.worst, result.k),
         ),
         _every_question(result),
-        _section("How to read this report", "", _legend(result)),
+        page.section("How to read this report", "", _legend(result)),
     ]
-    page = (
+    text = (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<meta http-equiv="Content-Security-Policy" content="{POLICY}">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
@@ -179,7 +102,7 @@ def write_report(result: StatsResult, path: Path) -> Path:
         "<body><main>\n" + "\n".join(sections) + "\n</main></body></html>\n"
     )
     with atomic_file(path) as handle:
-        handle.write(page)
+        handle.write(text)
     return path
 
 
@@ -198,18 +121,13 @@ def _every_question(result: StatsResult) -> str:
         f" Past {drilldown.SHOWN_QUESTIONS:,} questions the page would not open, so it holds "
         "the lowest graded, as many from every document; judgments.csv and answers.csv hold all."
     )
-    return _section(
+    return page.section(
         title,
         "By document, worst first; open a document to see each question with its answer, the "
         "judge's reasoning, the retrieved chunks (the source chunk marked) and the source text."
         + (cut if len(shown) < total else ""),
         drilldown.section(questions, result.by_document, result.k, totals),
     )
-
-
-def _section(title: str, note: str, content: str) -> str:
-    note_html = f'<p class="note">{escape(note)}</p>' if note else ""
-    return f"<section><h2>{escape(title)}</h2>{note_html}{content}</section>"
 
 
 def _header(result: StatsResult) -> str:
@@ -220,18 +138,13 @@ def _header(result: StatsResult) -> str:
 def _cards(overall: pd.Series) -> str:
     """The overall means, large, each with its CI; then the counts in one card."""
     html = "".join(
-        f'<div class="card"><b>{_number(overall[mean])}</b><span>{label}</span>'
-        f"<i>95% CI {_ci(overall, name) or '-'}</i></div>"
-        for name, mean, label in MEANS
+        f'<div class="card"><b>{page.number(overall[mean])}</b><span>{label}</span>'
+        f"<i>95% CI {page.ci(overall, name) or '-'}</i></div>"
+        for name, mean, label in page.MEANS
     )
     counts = ("questions", "errors", "pending", "missed")
     rows = "".join(f"<dt>{overall[name]:,}</dt><dd>{name}</dd>" for name in counts)
     return f'<section class="cards">{html}<div class="card"><dl>{rows}</dl></div></section>'
-
-
-def _chip(diagnosis: str) -> str:
-    background = diagnosis_colour(diagnosis)
-    return f'<span class="chip" style="background:{background}">{escape(diagnosis)}</span>'
 
 
 # -- charts (drawn in charts.py) -----------------------------------------------------------------
@@ -252,31 +165,28 @@ def _pair(result: StatsResult) -> str:
 # -- tables -------------------------------------------------------------------------------------
 
 
-def _table(headers: list[str], rows: Iterable[list[str]]) -> str:
-    """Cells are HTML already: the callers escape every text."""
-    head = "".join(f"<th>{escape(header)}</th>" for header in headers)
-    body = "".join(f"<tr>{''.join(row)}</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _cell(html: str, kind: str = "n") -> str:
-    return f'<td class="{kind}">{html}</td>'
-
-
 def _documents(documents: pd.DataFrame) -> str:
     """Every figure of each document, each mean with its CI below it."""
     counts = ("questions", "errors", "pending")
-    headers = ["document", *counts, *(label for *_, label in MEANS), "nDCG", "missed", "diagnosis"]
+    headers = [
+        "document",
+        *counts,
+        *(label for *_, label in page.MEANS),
+        "nDCG",
+        "missed",
+        "diagnosis",
+    ]
     rows = []
     for _, row in documents.iterrows():
-        cells = [_cell(escape(str(row["document"])), "doc")]
-        cells += [_cell(str(row[name])) for name in counts]
+        cells = [page.cell(escape(str(row["document"])), "doc")]
+        cells += [page.cell(str(row[name])) for name in counts]
         cells += [
-            _cell(f"{_number(row[mean])}<small>{_ci(row, name)}</small>") for name, mean, _ in MEANS
+            page.cell(f"{page.number(row[mean])}<small>{page.ci(row, name)}</small>")
+            for name, mean, _ in page.MEANS
         ]
-        cells += [_cell(_number(row["ndcg"])), _cell(str(row["missed"]))]
-        rows.append([*cells, _cell(_chip(str(row["diagnosis"])), "d")])
-    return _table(headers, rows)
+        cells += [page.cell(page.number(row["ndcg"])), page.cell(str(row["missed"]))]
+        rows.append([*cells, page.cell(page.chip(str(row["diagnosis"])), "d")])
+    return page.table(headers, rows)
 
 
 def _worst(worst: pd.DataFrame, k: int) -> str:
@@ -288,16 +198,16 @@ def _worst(worst: pd.DataFrame, k: int) -> str:
     for _, row in worst.iterrows():
         rank = row["rank"]
         shown = "miss" if pd.isna(rank) or rank > k else str(int(rank))
-        cells = [_cell(escape(str(row[name])), "text") for name in texts]
-        scores = [_number(row["completeness"]), _number(row["conciseness"])]
-        rows.append([*cells, _cell(shown), *map(_cell, scores)])
-    return _table(headers, rows)
+        cells = [page.cell(escape(str(row[name])), "text") for name in texts]
+        scores = [page.number(row["completeness"]), page.number(row["conciseness"])]
+        rows.append([*cells, page.cell(shown), *map(page.cell, scores)])
+    return page.table(headers, rows)
 
 
 def _legend(result: StatsResult) -> str:
     """The diagnoses, their thresholds, and how the figures are computed."""
     items = "".join(
-        f"<dt>{_chip(name)}</dt><dd>{escape(text)}</dd>" for name, text in DIAGNOSES.items()
+        f"<dt>{page.chip(name)}</dt><dd>{escape(text)}</dd>" for name, text in DIAGNOSES.items()
     )
     notes = [
         f"Completeness below {LOW_COMPLETENESS:g} is low, hit rate below {LOW_HIT_RATE:g} is "

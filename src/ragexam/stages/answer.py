@@ -3,27 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import time
-from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from ragexam.config import AnswerContext, Settings
-from ragexam.errors import ConfigError, RagexamError, RowError
+from ragexam.errors import ConfigError
 from ragexam.io.csvfile import read_rows
-from ragexam.io.fingerprint import input_hash
-from ragexam.llm.client import LLM, describe
-from ragexam.llm.prompts import Prompt, context_block, load_prompt
-from ragexam.rag.custom import call_rag, rag_name, rag_object
-from ragexam.rag.retrieval import Hit, Retriever, make_embedder, rank_of
+from ragexam.rag.base import Question, RagSystem
+from ragexam.rag.builtin import BuiltinRag
+from ragexam.rag.custom import CustomRag, rag_name, rag_object
+from ragexam.rag.given import GivenContext
 from ragexam.stages.generate import QA_FILE
 from ragexam.stages.runner import Progress, RunSettings, Stage, StageResult, Task, execute
-from ragexam.store.chroma import StoreRef, get_chunks, open_collection, release
+from ragexam.store.chroma import StoreRef, open_collection
 
 ANSWERS_FILE = "answers.csv"
 ANSWER_COLUMNS = ("answer", "retrieved_ids", "target_rank", "k", "rag", "context", "embedding")
@@ -31,21 +27,6 @@ TEXT_COLUMNS = ("retrieved_texts", "source_text")  # what the answerer saw; off 
 QA_REQUIRED = ("qa_id", "chunk_id", "question")
 BATCH = 64  # questions per embedding call and per Chroma query
 PREFETCH = 2  # batches retrieved ahead of the workers
-
-
-@dataclass(frozen=True)
-class Question:
-    """One exam question and the chunk it was written from."""
-
-    qa_id: str
-    chunk_id: str
-    text: str
-    ground_truth: str = ""
-
-    @property
-    def input_hash(self) -> str:
-        """What an answer to it is made from: the question, its ground truth and its source."""
-        return input_hash(self.text, self.ground_truth, self.chunk_id)
 
 
 @dataclass(frozen=True)
@@ -92,8 +73,8 @@ def run_answer(
     rag = rag_object(options.rag)  # first: it may open the store too
     collection = _collection(options)
     system = _system(settings, options, collection, rag)
-    system.questions = list(islice(questions, options.limit))
     system.text_chars = options.max_chunk_chars if options.texts else None
+    plan = AnswerPlan(system, list(islice(questions, options.limit)))
     stage = Stage(
         "answer",
         options.out / ANSWERS_FILE,
@@ -103,9 +84,9 @@ def run_answer(
         system.prompt_hash,
         system.fixed(),
     )
-    record = {**system.manifest(settings, options, collection), "skipped": skipped}
+    record = {**plan.manifest(settings, options, collection), "skipped": skipped}
     how = RunSettings(options.out, settings.concurrency, options.force, settings.redact)
-    outcome = execute(stage, system, record, how, progress)
+    outcome = execute(stage, plan, record, how, progress)
     return StageResult(outcome, stage.path, skipped)
 
 
@@ -123,28 +104,26 @@ def _system(settings: Settings, options: AnswerOptions, collection: Any, rag: An
         return CustomRag(rag, rag_name(options.rag), options.store, collection, options.k, timeout)
     settings.api_key()
     if options.context != AnswerContext.retrieved:
-        from ragexam.rag.given import GivenContext
-
         return GivenContext(
             settings, options.store, collection, options.context, options.max_chunk_chars
         )
-    return BuiltinRag(settings, options, collection)
+    return BuiltinRag(
+        settings,
+        options.store,
+        collection,
+        options.k,
+        trust=options.trust_store_endpoint,
+        max_chars=options.max_chunk_chars,
+    )
 
 
-class RagSystem(ABC):
-    """What answers the questions: the built-in chain or the user's callable."""
+class AnswerPlan:
+    """The questions still to answer, in batches the RAG system prepares ahead of its answers."""
 
-    model: str
-    prompt_hash: str
-    name: str
-    context = AnswerContext.retrieved
-    embedding: str | None = None
-
-    def __init__(self, store: StoreRef | None, collection: Any, k: int) -> None:
-        self.store, self.collection, self.k = store, collection, k
-        self.questions: list[Question] = []
+    def __init__(self, system: RagSystem, questions: list[Question]) -> None:
+        self.system, self.questions = system, questions
         self.pending: list[Question] = []
-        self.text_chars: int | None = None  # record chunk texts, cut at this length
+        self.llm = getattr(system, "llm", None)  # the runner shows its calls' counters
 
     def inputs(self) -> Mapping[str, str]:
         """The input hash of every question this run wants."""
@@ -167,8 +146,9 @@ class RagSystem(ABC):
         def launch() -> None:
             batch = next(batches, None)
             if batch is not None:
-                ahead.append((batch, asyncio.create_task(self.prepare(batch))))
+                ahead.append((batch, asyncio.create_task(self.system.prepare(batch))))
 
+        fixed = {**self.system.fixed(), "rag": self.system.name}
         try:
             for _ in range(PREFETCH):
                 launch()
@@ -177,43 +157,27 @@ class RagSystem(ABC):
                 payloads = await prepared
                 launch()
                 for question, payload in zip(batch, payloads, strict=True):
-                    known = {**self.fixed(), "rag": self.name, "input_hash": question.input_hash}
+                    known = {**fixed, "input_hash": question.input_hash}
                     yield Task(question.qa_id, known, payload)
         finally:
             for _, prepared in ahead:
                 prepared.cancel()
 
-    async def prepare(self, batch: list[Question]) -> list[Any]:
-        """Per-question payloads for one batch."""
-        sources = await self.source_texts([question.chunk_id for question in batch])
-        return [(question, sources.get(question.chunk_id)) for question in batch]
+    async def preflight(self) -> None:
+        """What would fail every row is found on the first batch."""
+        await self.system.preflight(self.pending[:BATCH])
 
-    async def source_texts(self, ids: list[str]) -> dict[str, str]:
-        """Texts of chunks by id, for matching duplicates by text (none without a store)."""
-        if self.collection is None or not ids:
-            return {}
-        return await asyncio.to_thread(get_chunks, self.collection, ids)
-
-    def fixed(self) -> dict[str, Any]:
-        """The settings every row of an answers file shares; resuming with others is refused."""
-        return {"k": self.k, "context": self.context.value, "embedding": self.embedding}
-
-    async def preflight(self) -> None:  # noqa: B027 - optional hook
-        """Check, before the run, what would fail for every row."""
-
-    @abstractmethod
     async def work(self, task: Task) -> dict[str, Any]:
         """Answer one question."""
+        return await self.system.answer(task.payload)
 
     def manifest(
         self, settings: Settings, options: AnswerOptions, collection: Any
     ) -> dict[str, Any]:
         """What the answers depend on."""
         return {
-            "model": self.model,
-            "prompt": {"answer": self.prompt_hash},
-            "rag": self.name,
-            **self.fixed(),
+            **self.system.describe(),
+            **self.system.fixed(),
             "store": options.store.describe() if options.store else None,
             "collection": collection.name if collection is not None else None,
             "qa_dataset": str((options.qa_path or options.out / QA_FILE).resolve()),
@@ -222,128 +186,8 @@ class RagSystem(ABC):
 
     def figures(self) -> dict[str, Any]:
         """LLM calls made, when ragexam made them."""
-        return {}
+        return self.system.figures()
 
     async def aclose(self) -> None:
-        """Release ragexam's client of the store."""
-        release(self.store)
-
-    def row(
-        self, answer: str, hits: Sequence[Hit], rank: int | None, source: str | None
-    ) -> dict[str, Any]:
-        """The value columns of one answered question, with the texts it saw when asked."""
-        row = answer_row(answer, hits, rank)
-        limit = self.text_chars
-        if limit is not None:
-            texts = [None if hit.text is None else hit.text[:limit] for hit in hits]
-            row["retrieved_texts"] = json.dumps(texts, ensure_ascii=False)
-            row["source_text"] = None if source is None else source[:limit]
-        return row
-
-
-def answer_row(answer: str, hits: Sequence[Hit], rank: int | None) -> dict[str, Any]:
-    """The value columns of one answered question."""
-    return {
-        "answer": answer,
-        "retrieved_ids": json.dumps([hit.id for hit in hits]),
-        "target_rank": rank,
-    }
-
-
-class BuiltinRag(RagSystem):
-    """Retrieve the top k chunks from the collection, then answer from them with the chat model."""
-
-    name = "builtin"
-
-    def __init__(self, settings: Settings, options: AnswerOptions, collection: Any) -> None:
-        super().__init__(options.store, collection, options.k)
-        trust = options.trust_store_endpoint
-        embedder = make_embedder(settings.embedding, collection, settings, trust)
-        self.retriever = Retriever(collection, embedder, options.k)
-        self.embedding = self.retriever.embedder.name
-        self.max_chars = options.max_chunk_chars
-        self.ready: dict[str, list[list[Hit]]] = {}  # hits of batches retrieved in advance
-        self.prompt: Prompt = load_prompt("answer", settings.prompts_dir)
-        self.llm = LLM(
-            settings, settings.model_for("answer"), max_tokens=settings.max_tokens_for("answer")
-        )
-        self.model, self.prompt_hash = self.llm.model, self.prompt.hash
-
-    async def prepare(self, batch: list[Question]) -> list[Any]:
-        """Retrieve for the whole batch; a failed batch fails its rows, not the run."""
-        sources = await self.source_texts([question.chunk_id for question in batch])
-        try:
-            hits = self.ready.pop(batch[0].qa_id, None) or await self.retriever.retrieve(
-                [question.text for question in batch]
-            )
-        except ConfigError:
-            raise  # wrong for every batch: stop the run
-        except Exception as exc:  # e.g. an embedding endpoint that failed after its retries
-            reason = f"retrieval failed: {describe(exc)[:300]}"
-            return [RowError(reason)] * len(batch)
-        return [(q, sources.get(q.chunk_id), h) for q, h in zip(batch, hits, strict=True)]
-
-    async def preflight(self) -> None:
-        """Retrieve the first batch: the embedding works, and its dimension fits the collection.
-
-        Its hits are kept for the run, so checking costs no extra round trip.
-        """
-        first = self.pending[:BATCH]
-        if first:
-            self.ready[first[0].qa_id] = await self.retriever.retrieve([q.text for q in first])
-
-    async def work(self, task: Task) -> dict[str, Any]:
-        """Answer from the retrieved chunks."""
-        if isinstance(task.payload, RagexamError):
-            raise task.payload
-        question, source_text, hits = task.payload
-        if not question.text.strip():
-            raise RowError("the question is empty")
-        values = self.prompt.fill(
-            question=question.text,
-            context=context_block([(hit.text or "")[: self.max_chars] for hit in hits]),
-        )
-        reply = await self.llm.text(self.prompt.template.format_messages(**values))
-        rank = rank_of(question.chunk_id, source_text, hits)
-        return {**self.row(reply.value, hits, rank, source_text), **reply.cost()}
-
-    def manifest(
-        self, settings: Settings, options: AnswerOptions, collection: Any
-    ) -> dict[str, Any]:
-        """Adds where the query embeddings are computed."""
-        endpoint = self.retriever.embedder.endpoint
-        return {**super().manifest(settings, options, collection), "embedding_endpoint": endpoint}
-
-    def figures(self) -> dict[str, Any]:
-        """Chat calls made."""
-        return {"calls": self.llm.calls}
-
-    async def aclose(self) -> None:
-        """Close the chat model's and the embedder's connections, and the store's client."""
-        await self.llm.aclose()
-        await self.retriever.embedder.aclose()
-        await super().aclose()
-
-
-class CustomRag(RagSystem):
-    """The user's RAG callable, from `--rag module:callable`."""
-
-    def __init__(
-        self, rag: Any, spec: str, store: StoreRef | None, collection: Any, k: int, timeout: float
-    ) -> None:
-        super().__init__(store, collection, k)
-        self.rag, self.name, self.timeout = rag, spec, timeout
-        self.model, self.prompt_hash = f"rag:{spec}", ""
-
-    async def work(self, task: Task) -> dict[str, Any]:
-        """Ask the callable; match what it retrieved against the source chunk."""
-        question, source_text = task.payload
-        started = time.monotonic()
-        answer, hits = await call_rag(self.rag, question.text, self.timeout)
-        latency = round(time.monotonic() - started, 3)
-        missing = [hit.id for hit in hits if hit.text is None and hit.id is not None]
-        if missing and (source_text is not None or self.text_chars is not None):
-            texts = await self.source_texts(missing)  # ids only: texts match duplicates
-            hits = [Hit(hit.id, texts.get(hit.id or "", hit.text)) for hit in hits]
-        rank = rank_of(question.chunk_id, source_text, hits)
-        return {**self.row(answer, hits, rank, source_text), "latency_s": latency}
+        """Release the system's connections and ragexam's client of the store."""
+        await self.system.aclose()

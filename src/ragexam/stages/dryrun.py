@@ -22,8 +22,9 @@ from ragexam.io.csvfile import read_rows
 from ragexam.llm.pacing import estimate_tokens, text_tokens
 from ragexam.llm.prices import price_of
 from ragexam.llm.prompts import context_block, load_prompt
+from ragexam.rag.base import Question
 from ragexam.rag.given import PROMPTS
-from ragexam.stages.answer import ANSWERS_FILE, AnswerOptions, Question, read_questions
+from ragexam.stages.answer import ANSWERS_FILE, AnswerOptions, read_questions
 from ragexam.stages.generate import QA_FILE, GenerateOptions, GeneratePlan, qa_id_for
 from ragexam.stages.judge import (
     JUDGMENTS_FILE,

@@ -22,10 +22,11 @@ from ragexam.errors import (
     RagexamError,
     TooManyErrors,
 )
-from ragexam.io.csvfile import RowLog, read_rows
+from ragexam.io.csvfile import read_rows
 from ragexam.io.fingerprint import changed_inputs, stale_rows
 from ragexam.io.lock import run_folder_lock
 from ragexam.io.manifest import manifest_room, update_manifest
+from ragexam.io.rowlog import RowLog
 from ragexam.llm.pacing import Traffic
 
 # Columns the runner fills for every stage, after the stage's own.

@@ -1,0 +1,205 @@
+"""The run folder read as one row per question: its exam, answer and grade, joined on qa_id."""
+
+from __future__ import annotations
+
+import json
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from ragexam.analysis.controlruns import CONTROL_RUNS
+from ragexam.analysis.summary import DEFAULT_K, TEXTS
+from ragexam.errors import InputFileError
+from ragexam.io.csvfile import unescape_cell
+from ragexam.io.manifest import input_file, read_manifest
+
+IntArray = npt.NDArray[np.int64]
+QA_FILE, ANSWERS_FILE, JUDGMENTS_FILE = "qa_dataset.csv", "answers.csv", "judgments.csv"
+
+
+def _stage(manifest: dict[str, Any], name: str) -> dict[str, Any]:
+    stages = manifest.get("stages")
+    stage = stages.get(name) if isinstance(stages, dict) else None
+    return stage if isinstance(stage, dict) else {}
+
+
+def deepest_rank(out: Path, questions: pd.DataFrame) -> int | None:
+    """The largest number of chunks any answer retrieved (or rank it names): k's useful cap.
+
+    None when no answer lists what it retrieved (a hand-made answers file): then no cap.
+    """
+    retrieved = 0
+    with suppress(InputFileError):  # hand-made answers may have no retrieved_ids
+        ids = _read(input_file(out, ANSWERS_FILE, "answers"), ("retrieved_ids",))["retrieved_ids"]
+        retrieved = max((_count(cell) for cell in ids), default=0)
+    if not retrieved:
+        return None
+    ranks = questions["rank"].to_numpy()
+    ranked = int(np.nanmax(ranks)) if np.isfinite(ranks).any() else 0
+    return max(retrieved, ranked)
+
+
+def _count(cell: str) -> int:
+    try:
+        value = json.loads(cell) if cell else []
+    except ValueError:
+        return 0
+    return len(value) if isinstance(value, list) else 0
+
+
+def resolve_k(out: Path, k: int | None) -> int:
+    """The metrics cutoff: --k, else the k `answer` recorded in the manifest, else DEFAULT_K."""
+    if k is not None:
+        return k
+    recorded = _stage(read_manifest(out), "answer").get("k")
+    if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded >= 1:
+        return recorded
+    return DEFAULT_K
+
+
+def run_context(out: Path, k: int) -> dict[str, str]:
+    """What the run depends on, from its manifest when it has one, for the report's header."""
+    manifest = read_manifest(out)
+    context = {"run folder": str(out), "cutoff k": str(k)}
+    for stage in ("generate", "answer", "judge"):
+        model = _stage(manifest, stage).get("model")
+        if model:
+            context[f"{stage} model"] = str(model)
+    collection = _stage(manifest, "generate").get("collection")
+    if collection:
+        context["collection"] = str(collection)
+    return context
+
+
+def _read(path: Path, columns: tuple[str, ...], numbers: tuple[str, ...] = ()) -> pd.DataFrame:
+    """The `columns` of an input CSV: text verbatim (an id "NA" stays "NA"), `numbers` as floats."""
+    try:
+        header = pd.read_csv(path, nrows=0, encoding="utf-8-sig").columns
+        missing = [name for name in columns if name not in header]
+        if missing:
+            raise InputFileError(path, f"lacks the column(s) {', '.join(missing)}")
+        dtypes = {name: "float64" if name in numbers else str for name in columns}
+        return pd.read_csv(
+            path,
+            usecols=list(columns),
+            dtype=dtypes,
+            keep_default_na=False,
+            na_values={name: [""] for name in numbers},
+            encoding="utf-8-sig",
+        )
+    except FileNotFoundError:
+        raise InputFileError(path, "not found; run the stage that writes it first") from None
+    except pd.errors.EmptyDataError:
+        raise InputFileError(path, "is empty; it needs at least a header row") from None
+    except (UnicodeDecodeError, pd.errors.ParserError) as exc:
+        raise InputFileError(path, f"is not a readable UTF-8 CSV ({exc})") from None
+    except ValueError as exc:  # a number column holds text
+        raise InputFileError(path, f"{', '.join(numbers)} must be numbers ({exc})") from None
+
+
+@dataclass(frozen=True)
+class _Aligned:
+    """A later stage's columns in question order; a question without a row is pending."""
+
+    values: dict[str, npt.NDArray[Any]]
+    present: npt.NDArray[np.bool_]
+    ok: npt.NDArray[np.bool_]
+
+
+def _aligned(
+    path: Path, index: pd.Index, numbers: tuple[str, ...], texts: tuple[str, ...]
+) -> _Aligned:
+    """Read a later stage (absent: not run yet) and align its rows to the questions by qa_id."""
+    columns = ("qa_id", "status", *numbers, *texts)
+    if path.exists():
+        frame = _checked(_read(path, columns, numbers), path)
+    else:
+        frame = pd.DataFrame(
+            {name: pd.Series(dtype=float if name in numbers else str) for name in columns}
+        )
+    rows = _rows_for(index, frame["qa_id"])
+    ok = _take(frame["status"] == "ok", rows, False).astype(bool)
+    values = {name: np.where(ok, _take(frame[name], rows, np.nan), np.nan) for name in numbers}
+    values.update({name: _take(frame[name], rows, "") for name in texts})
+    return _Aligned(values, rows >= 0, ok)
+
+
+def _rows_for(index: pd.Index, ids: pd.Series) -> IntArray:
+    """For each question, the row of a later stage with its qa_id, else -1 (pending)."""
+    where = index.get_indexer(pd.Index(ids))
+    rows = np.full(len(index), -1, dtype=np.int64)
+    found = where >= 0
+    rows[where[found]] = np.flatnonzero(found)  # a repeated qa_id: the later row wins
+    return rows
+
+
+def _take(column: pd.Series, rows: IntArray, fill: Any) -> npt.NDArray[Any]:
+    """column[rows], with `fill` where rows is -1 (the padding makes -1 point at it)."""
+    return np.append(column.to_numpy(), fill)[rows]
+
+
+def _documents(raw: pd.Series) -> pd.Categorical:
+    """Document names unescaped once per distinct name, not once per row."""
+    codes, uniques = pd.factorize(raw)
+    remap, names = pd.factorize(pd.Index([unescape_cell(str(name)) for name in uniques]))
+    return pd.Categorical.from_codes(remap[codes], categories=names.astype(str))
+
+
+def _check(path: Path, ids: pd.Series, bad: npt.NDArray[np.bool_], problem: str) -> None:
+    if bad.any():
+        qa_id = unescape_cell(str(ids.iloc[int(np.argmax(bad))]))
+        raise InputFileError(path, f"the row of qa_id {qa_id!r} has status ok but {problem}")
+
+
+def _checked(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """Refuse ok rows with impossible values: a failure is never a score."""
+    ok = (frame["status"] == "ok").to_numpy()
+    if "target_rank" in frame:
+        rank = frame["target_rank"].to_numpy()
+        bad = ok & ~np.isnan(rank) & ((rank < 1) | (rank != np.floor(rank)))
+        _check(path, frame["qa_id"], bad, "a target_rank that is not a whole number from 1")
+    for name in ("completeness", "conciseness"):
+        if name in frame:
+            score = frame[name].to_numpy()
+            bad = ok & ~((score >= 0) & (score <= 1))
+            _check(path, frame["qa_id"], bad, f"no {name} in [0, 1]")
+    return frame
+
+
+def load_questions(out: Path, *, texts: bool = False) -> pd.DataFrame:
+    """One row per question of qa_dataset.csv, joined on qa_id with its answer and judgment."""
+    qa_path = input_file(out, QA_FILE, "qa_dataset")  # answer records where its exam came from
+    qa = _read(qa_path, ("qa_id", "document", "status", *(TEXTS if texts else ())))
+    index = pd.Index(qa["qa_id"])
+    if not index.is_unique:
+        repeated = unescape_cell(str(qa["qa_id"][index.duplicated()].iloc[0]))
+        raise InputFileError(qa_path, f"repeats qa_id {repeated!r}; each needs its own")
+    answers_path = input_file(out, ANSWERS_FILE, "answers")
+    answers = _aligned(answers_path, index, ("target_rank",), ("answer",) if texts else ())
+    judgments = _aligned(out / JUDGMENTS_FILE, index, ("completeness", "conciseness"), ())
+    failed = (answers.present & ~answers.ok) | (judgments.present & ~judgments.ok)
+    error = (qa["status"] != "ok").to_numpy() | failed
+    frame = pd.DataFrame(
+        {
+            "qa_id": qa["qa_id"],
+            "document": _documents(qa["document"]),
+            "error": error,
+            "pending": ~error & ~(answers.present & judgments.present),
+            "answered": answers.ok,
+            "judged": judgments.ok,
+            "rank": answers.values["target_rank"],
+            **judgments.values,
+        }
+    )
+    if texts:
+        frame = frame.assign(**{name: qa[name] for name in TEXTS}, answer=answers.values["answer"])
+    for folder, column in CONTROL_RUNS.items():  # control runs, when `run --controls` made them
+        if (out / folder / JUDGMENTS_FILE).exists():
+            control = _aligned(out / folder / JUDGMENTS_FILE, index, ("completeness",), ())
+            frame[column] = control.values["completeness"]
+    return frame

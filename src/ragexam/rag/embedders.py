@@ -1,0 +1,135 @@
+"""Query embeddings for the built-in chain: the store's own function, or an OpenAI endpoint.
+
+Query embeddings come from the embedding function Chroma persisted with the collection
+(`--embedding collection`) or from an OpenAI-compatible endpoint (`--embedding openai:MODEL`).
+Nothing falls back silently: a collection without a persisted function needs `--embedding`.
+A stored function may name its own endpoint and key variable; a key is only ever sent to the
+hosts the user named (keys.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import warnings
+from typing import Any, Protocol
+
+import openai
+
+from ragexam.config import Settings
+from ragexam.errors import ConfigError, EndpointError, StoreError
+from ragexam.llm.client import describe
+from ragexam.rag.keys import check_key_destination
+from ragexam.urls import mask_url
+
+
+class Embedder(Protocol):
+    """Turns a batch of questions into query vectors."""
+
+    name: str
+    endpoint: str | None
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        """One vector per text."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...
+
+
+class CollectionEmbedder:
+    """The embedding function Chroma stored with the collection."""
+
+    def __init__(self, collection: Any, settings: Settings, trust: bool = False) -> None:
+        function = collection.configuration.get("embedding_function")
+        if function is None:
+            raise ConfigError(
+                f"collection {collection.name!r} has no embedding function stored with it "
+                "(stores built with LangChain have none): pass --embedding openai:MODEL with "
+                "the model the store was built with, or set RAGEXAM_EMBEDDING"
+            )
+        self.function = function
+        self.name = f"collection:{_function_name(function)}"
+        self.endpoint = check_key_destination(function, self.name, settings, trust)
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        """Embed in a worker thread: Chroma's functions are synchronous."""
+        call = getattr(self.function, "embed_query", self.function)
+        try:
+            vectors = await asyncio.to_thread(call, input=texts)
+        except Exception as exc:
+            raise StoreError(
+                f"the collection's embedding function ({self.name}) failed: "
+                f"{' '.join(str(exc).split())[:300]}; pass --embedding openai:MODEL to embed "
+                "with your endpoint instead"
+            ) from None
+        return [list(map(float, vector)) for vector in vectors]
+
+    async def aclose(self) -> None:
+        """Nothing to release: Chroma owns the function."""
+
+
+def _function_name(function: Any) -> str:
+    name = getattr(function, "name", None)
+    return str(name()) if callable(name) else type(function).__name__
+
+
+class OpenAIEmbedder:
+    """OpenAI-compatible embeddings; the SDK's own retry layer is the only one for these."""
+
+    def __init__(self, settings: Settings, model: str) -> None:
+        from langchain_openai import OpenAIEmbeddings
+
+        self.name = f"openai:{model}"
+        base_url = settings.embedding_base_url or settings.openai_base_url
+        self.base_url = mask_url(base_url or "https://api.openai.com/v1")
+        self.endpoint: str | None = self.base_url
+        self.redact = settings.redact
+        self.client = OpenAIEmbeddings(
+            model=model,
+            openai_api_key=settings.api_key(),
+            openai_api_base=settings.embedding_base_url or settings.openai_base_url,
+            request_timeout=settings.timeout,
+            max_retries=settings.max_retries,
+            check_embedding_ctx_length=False,  # would download tiktoken's encodings
+            http_async_client=openai.DefaultAsyncHttpxClient(),  # not the loop-bound shared one
+        )
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        """One HTTP call per batch of questions; one vector per question, or a ConfigError.
+
+        A failure after the retries is an EndpointError that says which endpoint failed.
+        """
+        with warnings.catch_warnings():  # a per-token reply trips pydantic's serializer warning
+            warnings.filterwarnings("ignore", "Pydantic serializer warnings", UserWarning)
+            try:
+                vectors = await self.client.aembed_documents(texts)
+            except openai.APIError as exc:
+                raise EndpointError(
+                    f"the embedding endpoint ({self.name} at {self.base_url}) failed: "
+                    f"{self.redact(describe(exc))}; check RAGEXAM_EMBEDDING_BASE_URL or "
+                    "OPENAI_BASE_URL, the key, and the model name"
+                ) from None
+        per_token = next((v for v in vectors if v and isinstance(v[0], list)), None)
+        if per_token is not None:
+            raise ConfigError(
+                f"the embedding endpoint ({self.name}) returned one vector per token "
+                f"({len(per_token)} vectors for one question), not one per text: it does not "
+                "pool (llama.cpp's server without --pooling); start it with --pooling mean, or "
+                "use an embedding model that pools"
+            )
+        return vectors
+
+    async def aclose(self) -> None:
+        """Close the HTTP connections."""
+        if self.client.http_async_client is not None:
+            await self.client.http_async_client.aclose()
+
+
+def make_embedder(spec: str, collection: Any, settings: Settings, trust: bool = False) -> Embedder:
+    """The embedder an `--embedding` spec names; `trust` lets a store's endpoint get a key."""
+    if spec == "collection":
+        return CollectionEmbedder(collection, settings, trust)
+    if spec.startswith("openai:") and len(spec) > len("openai:"):
+        return OpenAIEmbedder(settings, spec.removeprefix("openai:"))
+    raise ConfigError(f"--embedding {spec!r} is not 'collection' or 'openai:MODEL'")

@@ -1,0 +1,125 @@
+"""The summary for the terminal: compact rich tables that fit 80 columns."""
+
+from __future__ import annotations
+
+import pandas as pd
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from ragexam.analysis.compare import SIGNIFICANT, TERMINAL_DOCUMENTS, CompareResult
+from ragexam.analysis.summary import StatsResult
+from ragexam.report.charts import diagnosis_colour
+from ragexam.report.page import MEANS, number
+from ragexam.report.text import printable
+from ragexam.report.trust import FIGURES
+
+TERMINAL_ROWS = 20
+TERMINAL_NAME = 32  # characters of a document name in the terminal; the tail is kept
+SHORT = {
+    "questions": "n",
+    "errors": "err",
+    "pending": "pend",
+    "completeness_mean": "compl",
+    "conciseness_mean": "conc",
+    "hit_rate": "hit",
+    "mrr": "MRR",
+}
+
+
+def terminal_table(result: StatsResult) -> Table:
+    """The per-document summary as a compact rich table that fits 80 columns."""
+    shown = result.by_document.head(TERMINAL_ROWS)
+    counts = ["questions", "errors"] + (["pending"] * bool(result.overall["pending"].iloc[0]))
+    table = Table(
+        title=f"Worst {len(shown)} of {len(result.by_document)} documents by completeness",
+        caption=f"mean, and ± half its 95% bootstrap CI; cutoff k={result.k}; the bounds and "
+        f"every document are in {result.paths['summary_by_document'].name}",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    table.add_column("document", no_wrap=True, min_width=12, max_width=TERMINAL_NAME)
+    table.add_column("diagnosis")
+    for header in [SHORT.get(name, name) for name in counts] + [SHORT[m] for _, m, _ in MEANS]:
+        table.add_column(header, justify="right")
+    for _, row in shown.iterrows():
+        table.add_row(*_terminal_cells(row, counts))
+    table.add_section()
+    table.add_row(*_terminal_cells(result.overall.iloc[0], counts), style="bold")
+    return table
+
+
+def short_name(name: str, width: int = TERMINAL_NAME) -> str:
+    """A document name cut to one line from the left: a path's end says most about it."""
+    return name if len(name) <= width else "…" + name[-(width - 1) :]
+
+
+def _terminal_cells(row: pd.Series, counts: list[str]) -> list[Text]:
+    """One row's cells; Text keeps a document name like "[red]" from being read as markup."""
+    diagnosis = str(row["diagnosis"])
+    cells = [
+        Text(short_name(printable(str(row["document"])))),
+        Text(diagnosis, style=diagnosis_colour(diagnosis, True)),
+    ]
+    cells += [Text(str(row[name])) for name in counts]
+    for name, mean, _ in MEANS:
+        low, high = row[f"{name}_ci_low"], row[f"{name}_ci_high"]
+        spread = "" if pd.isna(low) else f"\n±{(high - low) / 2:.2f}"
+        cells.append(Text(number(row[mean])) + Text(spread, style="dim"))
+    return cells
+
+
+def comparison_table(result: CompareResult) -> Table:
+    """The comparison as a rich table."""
+    table = result.table
+    overall = table[table["document"] == "ALL"]
+    changed = table[(table["document"] != "ALL") & (table["p_value"] < SIGNIFICANT)]
+    shown = changed.reindex(changed["diff"].abs().sort_values(ascending=False).index)
+    shown = shown.head(TERMINAL_DOCUMENTS)
+    rich = Table(
+        title="Run B against run A, paired on qa_id",
+        caption=f"diff = B - A with its 95% paired bootstrap CI; p: paired randomisation test. "
+        f"Per document only p < {SIGNIFICANT} ({len(shown)} of {len(changed)} shown; no "
+        f"correction for many comparisons); every row is in {result.path.name}",
+    )
+    for header in ("document", "metric", "A", "B", "diff", "95% CI", "p", "better/worse/same"):
+        rich.add_column(header, justify="left" if header in ("document", "metric") else "right")
+    for _, row in overall.iterrows():
+        rich.add_row(*_cells(row), style="bold")
+    rich.add_section()
+    for _, row in shown.iterrows():
+        rich.add_row(*_cells(row))
+    return rich
+
+
+def _cells(row: pd.Series) -> list[Text]:
+    """One row: the means, B - A with its CI and p-value, and the counts; a dash with no pairs."""
+    numbers = ["-"] * 5
+    if row["n"]:
+        numbers = [f"{row['mean_a']:.3f}", f"{row['mean_b']:.3f}", f"{row['diff']:+.3f}"]
+        numbers += [f"[{row['ci_low']:+.3f}, {row['ci_high']:+.3f}]", f"{row['p_value']:.2g}"]
+    colour = "green" if row["diff"] > 0 else "red" if row["diff"] < 0 else ""
+    counts = "/".join(str(row[name]) for name in ("improved", "worse", "same"))
+    cells = [
+        Text(printable(str(row["document"]))),
+        Text(str(row["metric"])),
+        *map(Text, numbers),
+        Text(counts),
+    ]
+    cells[4].stylize(colour)
+    return cells
+
+
+def calibration_table(table: pd.DataFrame) -> Table:
+    """calibration.csv as a compact rich table."""
+    shown = Table(box=box.SIMPLE_HEAD, pad_edge=False, title="The judge against your labels")
+    shown.add_column("metric", no_wrap=True)
+    for *_, label in FIGURES:
+        shown.add_column(label, justify="right", no_wrap=True)
+    for record in table.to_dict("records"):
+        rho = number(record["spearman"])
+        if not pd.isna(record["spearman_ci_low"]):
+            rho += f" [{record['spearman_ci_low']:.2f}, {record['spearman_ci_high']:.2f}]"
+        figures = [number(record[name]) for name, *_ in FIGURES[2:]]
+        shown.add_row(str(record["metric"]), str(record["n"]), rho, *figures)
+    return shown

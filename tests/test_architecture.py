@@ -1,0 +1,60 @@
+"""The tree is the architecture: layers as folders, imports pointing down, no circle, no private
+name borrowed across modules. The layer contracts themselves are in pyproject.toml."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+
+import ragexam
+
+PACKAGE = Path(ragexam.__file__).parent
+PYPROJECT = PACKAGE.parents[1] / "pyproject.toml"
+
+
+def test_the_import_contracts_hold() -> None:
+    # In a process of its own: import-linter configures logging, which would silence ours.
+    lint = Path(sys.executable).with_name("lint-imports")  # import-linter's command, in this venv
+    command = [str(lint), "--config", str(PYPROJECT), "--no-cache"]
+    checked = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert checked.returncode == 0, checked.stdout[-2000:]
+
+
+def test_no_module_is_in_an_import_circle() -> None:
+    graph = grimp.build_graph("ragexam")  # every import, those inside functions included
+    circles = []
+    for module in sorted(graph.modules):
+        for imported in graph.find_modules_directly_imported_by(module):
+            if imported != "ragexam" and graph.chain_exists(imported, module):
+                chain = graph.find_shortest_chain(imported, module) or ()
+                circles.append(" -> ".join([module, *chain]))
+    assert circles == []
+
+
+def test_no_module_imports_another_modules_private_name() -> None:
+    borrowed = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ragexam"):
+                private = [
+                    a.name for a in node.names if a.name.startswith("_") and a.name[1] != "_"
+                ]
+                borrowed += [
+                    f"{path.relative_to(PACKAGE)}: {node.module}.{name}" for name in private
+                ]
+    assert borrowed == []
+
+
+def test_the_top_of_the_package_reads_as_a_handful_of_layers() -> None:
+    top = sorted(
+        entry.name
+        for entry in PACKAGE.iterdir()
+        if entry.name != "__pycache__" and (entry.is_dir() or entry.suffix == ".py")
+    )
+    layers = {"io", "llm", "store", "rag", "stages", "analysis", "report", "cli"}
+    assert layers <= set(top)
+    assert len(top) <= 16, top
