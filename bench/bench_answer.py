@@ -55,7 +55,7 @@ def retrieval_times(
     """Seconds per question: embeddings and Chroma queries, batched and one by one."""
     os.environ.update(settings_env)
     from ragexam.config import load_settings
-    from ragexam.rag.retrieval import OpenAIEmbedder
+    from ragexam.rag.embedders import OpenAIEmbedder
     from ragexam.store.chroma import StoreRef, open_collection
 
     collection = open_collection(StoreRef(path=store))

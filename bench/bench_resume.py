@@ -16,7 +16,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from ragexam.io.csvfile import RowLog
+from ragexam.io.rowlog import RowLog
 from ragexam.stages.judge import JUDGE_COLUMNS
 from ragexam.stages.runner import Runner, Stage
 

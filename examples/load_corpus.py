@@ -18,7 +18,7 @@ import chromadb
 from chromadb.config import Settings
 from chromadb.utils import embedding_functions
 
-from ragexam.config import load_settings
+from ragexam.config import export_env_file, load_settings
 from ragexam.errors import RagexamError
 
 HERE = Path(__file__).parent
@@ -39,7 +39,8 @@ def embedding_function(spec: str) -> object:
     if spec == "default":
         return embedding_functions.DefaultEmbeddingFunction()
     try:
-        settings = load_settings()  # also puts .env's key where Chroma looks for it
+        export_env_file()  # .env's key where Chroma looks for it (the environment)
+        settings = load_settings()
         settings.api_key()
     except RagexamError as exc:
         raise SystemExit(f"Error: {exc}") from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,15 @@ def test_every_command_as_a_function(env: FakeOpenAI, tmp_path: Path) -> None:
     ragexam.judge(out="second")
     compared = ragexam.compare("outputs", "second")
     assert compared.path == Path("second/comparison.csv") and not compared.frame().empty
+    template = ragexam.calibrate(template=4)
+    labels = template.frame()
+    assert len(labels) == 4 and set(labels["qa_id"]) <= set(questions["qa_id"])
+    graded_by_judge = graded.frame().set_index("qa_id")["completeness"]
+    labels["completeness"] = [graded_by_judge[qa_id] for qa_id in labels["qa_id"]]  # agrees
+    labels.to_csv(tmp_path / "labels.csv", index=False)
+    calibration = ragexam.calibrate(tmp_path / "labels.csv")
+    row = calibration.frame().set_index("metric").loc["completeness"]
+    assert row["n"] == 4 and row["mae"] == pytest.approx(0.0)
 
 
 def pd_isna(value: object) -> bool:
@@ -72,5 +82,16 @@ def test_run_inside_a_running_event_loop_with_a_runnable(env: FakeOpenAI, tmp_pa
 
 
 def test_run_refuses_an_option_no_stage_takes(env: FakeOpenAI, tmp_path: Path) -> None:
-    with pytest.raises(TypeError, match="sampels"):
+    with pytest.raises(TypeError, match="sampels.*did you mean 'samples'"):
         ragexam.run(tmp_path, sampels=2)
+
+
+def test_the_figures_are_plain_values_and_run_frames_the_summary(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    store = build_store(tmp_path / "store", docs(4))
+    result = ragexam.run(store, rag=my_rag, controls=0)
+    summary = result.frame()  # summary_by_document.csv, as stats().frame(): not the exam
+    assert "completeness_mean" in summary and "question" not in summary
+    json.dumps(result.figures["stats"])  # numpy scalars would be refused
+    assert type(result.figures["stats"]["questions"]) is int

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import inspect
 import json
+import typing
+from enum import Enum
 from pathlib import Path
+from typing import Any
 
 import pytest
+import typer
 from conftest import build_store, run_cli
 from langchain_core.documents import Document
 from openai_server import FakeOpenAI, Faults
@@ -16,24 +20,45 @@ from test_rate_limits import LIMIT, RATE, ROWS, WINDOW
 import ragexam
 from ragexam.cli import app as cli
 from ragexam.errors import GateFailed
+from ragexam.options import COMMANDS, Spec
 
 PRICE_INPUT, PRICE_OUTPUT = 100.0, 400.0
 
 
-def options(function: object) -> set[str]:
-    """The names a function or command takes."""
-    return set(inspect.signature(function).parameters)  # type: ignore[arg-type]
+def cli_options(command: str) -> dict[str, Any]:
+    """The options `ragexam COMMAND` shows, as typer parsed them, by name."""
+    group = typer.main.get_command(cli.app)
+    params = group.commands[command].params  # type: ignore[attr-defined]
+    return {param.name: param for param in params if not param.hidden and param.name != "help"}
 
 
-@pytest.mark.parametrize("command", ["generate", "answer", "judge", "stats", "compare"])
-def test_each_function_takes_every_option_of_its_command(command: str) -> None:
-    assert options(getattr(cli, command)) - options(getattr(ragexam, command)) == set()
+def plain(value: Any) -> Any:
+    """A default as both sides state it: an enum by its value, a path as text."""
+    return (
+        value.value if isinstance(value, Enum) else str(value) if isinstance(value, Path) else value
+    )
 
 
-def test_run_takes_every_option_of_the_command() -> None:
-    stages = set().union(*(options(getattr(ragexam, name)) for name in ("generate", "answer")))
-    stages |= options(ragexam.judge) | options(ragexam.stats)
-    assert options(cli.run) - options(ragexam.run) - stages == set()
+@pytest.mark.parametrize("spec", COMMANDS, ids=lambda spec: spec.name)
+def test_every_cli_option_is_the_api_option_of_that_name_type_and_default(spec: Spec) -> None:
+    api = inspect.signature(getattr(ragexam, spec.name)).parameters
+    shown = cli_options(spec.name)
+    assert set(shown) == set(api) - {"session"}
+    for name, param in shown.items():
+        taken = api[name].annotation
+        given = param.type_descriptor.annotation  # the CLI's type, None stripped
+        members = typing.get_args(taken) or (taken,)
+        assert taken is Any or given in members, (name, given, taken)
+        assert plain(param.default) == plain(api[name].default), name
+
+
+def test_run_takes_every_option_of_the_stages_it_runs() -> None:
+    stages = set().union(*(cli_options(name) for name in ("generate", "answer", "judge", "stats")))
+    assert stages - {"answers"} <= set(cli_options("run"))
+
+
+def test_ragexam_help_lists_run_first() -> None:
+    assert next(iter(typer.main.get_command(cli.app).commands)) == "run"  # type: ignore[attr-defined]
 
 
 def test_rpm_paces_the_api_under_a_real_rate_limit(env: FakeOpenAI, tmp_path: Path) -> None:
@@ -56,7 +81,7 @@ def test_dry_runs_call_nothing_and_count_what_the_cli_counts(
     store = build_store(tmp_path / "store", docs(12))
     exam = ragexam.generate(store, limit=5, dry_run=True)
     assert exam.paths == {} and exam.figures["calls"] == 5
-    whole = ragexam.run(store, samples=2, controls=True, judge_controls=3, dry_run=True)
+    whole = ragexam.run(store, samples=2, control_runs=True, controls=3, dry_run=True)
     assert env.count() == 0 and env.count("/embeddings") == 0
     assert not (tmp_path / "outputs" / "qa_dataset.csv").exists()
     calls = {e["stage"]: e["calls"] for e in whole.figures["estimates"]}
@@ -72,13 +97,13 @@ def test_dry_runs_call_nothing_and_count_what_the_cli_counts(
         "answer_closed_book": 12,
         "judge_closed_book": 24,
     }
-    dry = run_cli("run", "--chroma", str(store), "--samples", "2", "--controls", *JUDGE_3)
+    dry = run_cli("run", "--chroma", str(store), "--samples", "2", "--control-runs", *JUDGE_3)
     assert dry.exit_code == 0, dry.output
     assert f"total: {sum(calls.values())} calls" in dry.output
     assert env.count() == 0
 
 
-JUDGE_3 = ("--judge-controls", "3", "--dry-run")
+JUDGE_3 = ("--controls", "3", "--dry-run")
 
 
 def test_run_with_control_runs_records_the_whole_cost_and_gates(
@@ -90,7 +115,7 @@ def test_run_with_control_runs_records_the_whole_cost_and_gates(
     store = build_store(tmp_path / "store", [Document(d.page_content, id=d.id) for d in docs(6)])
     with pytest.raises(GateFailed):  # no answer can be complete to 1.01
         ragexam.run(
-            store, embedding="openai:embedder", controls=True, fail_under="completeness=1.01"
+            store, embedding="openai:embedder", control_runs=True, fail_under="completeness=1.01"
         )
     assert (tmp_path / "outputs" / "gold" / "judgments.csv").is_file()
     assert (tmp_path / "outputs" / "closed_book" / "judgments.csv").is_file()

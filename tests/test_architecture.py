@@ -25,7 +25,9 @@ def test_the_import_contracts_hold() -> None:
 
 
 def test_no_module_is_in_an_import_circle() -> None:
-    graph = grimp.build_graph("ragexam")  # every import, those inside functions included
+    # Every import, those inside functions included; an import for type annotations only
+    # (under TYPE_CHECKING) makes no circle when the code runs.
+    graph = grimp.build_graph("ragexam", exclude_type_checking_imports=True)
     circles = []
     for module in sorted(graph.modules):
         for imported in graph.find_modules_directly_imported_by(module):

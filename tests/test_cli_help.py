@@ -57,9 +57,7 @@ def docs_with_long_names(n: int) -> list[Document]:
 def test_summary_and_table_fit_80_columns(env: FakeOpenAI, tmp_path: Path) -> None:
     store = build_store(tmp_path / "store", docs_with_long_names(9))
     env.embedding_dim = 16
-    result = run_cli(
-        "run", "--chroma", str(store), "--embedding", "openai:e", "--judge-controls", "0"
-    )
+    result = run_cli("run", "--chroma", str(store), "--embedding", "openai:e", "--controls", "0")
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     ours = [line for line in lines if not line.startswith("reading a snapshot")]  # one line, a path

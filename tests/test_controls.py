@@ -117,7 +117,7 @@ def test_resuming_with_another_context_or_k_is_refused_and_rag_cannot_take_a_con
 
 
 def test_controls_refuse_a_users_rag_system(env: FakeOpenAI, tmp_path: Path) -> None:
-    refused = run_cli("run", "--chroma", "nowhere", "--rag", "my:rag", "--controls")
+    refused = run_cli("run", "--chroma", "nowhere", "--rag", "my:rag", "--control-runs")
     assert refused.exit_code == 2 and refused.output.count("\n") == 1
     assert "without --rag" in refused.output and env.count() == 0
 
@@ -166,8 +166,8 @@ def test_run_controls_answer_with_the_runs_own_options(env: FakeOpenAI, tmp_path
     store = build_store(tmp_path / "store", chunks)
     env.embedding_dim = 16
     result = run_cli(
-        "run", "--chroma", str(store), "--out", "run", "--controls", "--embedding", "openai:e",
-        "--k", "2", "--max-chunk-chars", "120", "--no-texts", "--judge-controls", "0",
+        "run", "--chroma", str(store), "--out", "run", "--control-runs", "--embedding", "openai:e",
+        "--k", "2", "--max-chunk-chars", "120", "--no-texts", "--controls", "0",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     gold = [json.dumps(r.body) for r in env.requests if "<chunk" in json.dumps(r.body)]

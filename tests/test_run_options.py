@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import typer
 from conftest import build_store, read_csv, run_cli
 from openai_server import FakeOpenAI
 from test_generate import docs
 
+import ragexam
 from ragexam.cli.app import app
+from ragexam.options import Deprecated
 
 NOT_FOR_RUN = {"--qa-dataset", "--answers"}  # run makes these files itself
 
@@ -25,8 +28,10 @@ def test_run_has_every_option_of_its_stages() -> None:
     missing = stages - NOT_FOR_RUN - options_of("run")
     assert missing == set()
     assert {"--samples", "--scale", "--temperature", "--max-chunk-chars", "--seed"} <= stages
-    # One name, two meanings: run's --controls adds the control runs, so judge's is renamed.
-    assert "--judge-controls" in options_of("run")
+    # One name, one meaning: --controls is the judge's known answers on run as on judge;
+    # the gold and closed-book runs are --control-runs.
+    assert {"--controls", "--control-runs"} <= options_of("run")
+    assert "--control-runs" not in options_of("judge")
 
 
 def test_run_limit_applies_to_every_stage(env: FakeOpenAI, tmp_path: Path) -> None:
@@ -36,9 +41,7 @@ def test_run_limit_applies_to_every_stage(env: FakeOpenAI, tmp_path: Path) -> No
     assert run_cli("generate", "--chroma", str(store), "--out", "run").exit_code == 0
     before = env.count()
     args = ["run", "--chroma", str(store), "--out", "run", "--embedding", "openai:e"]
-    result = run_cli(
-        *args, "--limit", "4", "--samples", "2", "--scale", "ten", "--judge-controls", "0"
-    )
+    result = run_cli(*args, "--limit", "4", "--samples", "2", "--scale", "ten", "--controls", "0")
     assert result.exit_code == 0, result.output
     answers = read_csv(tmp_path / "run" / "answers.csv")
     judgments = read_csv(tmp_path / "run" / "judgments.csv")
@@ -47,3 +50,22 @@ def test_run_limit_applies_to_every_stage(env: FakeOpenAI, tmp_path: Path) -> No
     assert {(row["samples"], row["scale"]) for row in judgments} == {("2", "ten")}
     # generate had nothing left to do; 4 answers and 4 x 2 judge samples were asked for.
     assert env.count() - before == 4 + 8
+
+
+def test_old_spellings_still_work_and_say_what_to_use(env: FakeOpenAI, tmp_path: Path) -> None:
+    store = str(build_store(tmp_path / "store", docs(4)))
+    old = run_cli("run", "--chroma", store, "--controls", "--judge-controls", "1", "--dry-run")
+    new = run_cli("run", "--chroma", store, "--control-runs", "--controls", "1", "--dry-run")
+    assert old.exit_code == new.exit_code == 0, old.output
+    warned = [line for line in old.output.splitlines() if line.startswith("Warning:")]
+    assert warned == [
+        "Warning: run --controls with no number is deprecated: use --control-runs",
+        "Warning: --judge-controls is deprecated: use --controls",
+    ]
+    assert old.output.replace("\n".join(warned) + "\n", "") == new.output  # the same estimates
+    split = run_cli("generate", "--chroma", store, "--out", "s", "--split", "0.5", "--dry-run")
+    assert split.exit_code == 0 and "use --validation" in split.output, split.output
+    with pytest.warns(Deprecated, match="use --control-runs"):
+        whole = ragexam.run(store, controls=True, dry_run=True)
+    assert "answer_gold" in {estimate["stage"] for estimate in whole.figures["estimates"]}
+    assert env.count() == 0

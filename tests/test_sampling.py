@@ -78,7 +78,7 @@ def test_sample_thirty_of_six_documents_gives_five_each_reproducibly(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:
     store = str(corpus(tmp_path / "store"))
-    args = ("generate", "--chroma", store, "--sample", "30", "--seed", "4", "--split", "0.5")
+    args = ("generate", "--chroma", store, "--sample", "30", "--seed", "4", "--validation", "0.5")
     first = run_cli(*args, "--out", "one")
     assert first.exit_code == 0, first.output
     rows = chosen(tmp_path / "one")

@@ -4,7 +4,25 @@ from importlib.metadata import version
 
 __version__ = version("ragexam")
 
-from ragexam.api import Result, answer, compare, generate, judge, stats
-from ragexam.pipeline import run
+from ragexam.api import (
+    Result,
+    answer,
+    calibrate,
+    compare,
+    generate,
+    judge,
+    run,
+    stats,
+)
 
-__all__ = ["Result", "__version__", "answer", "compare", "generate", "judge", "run", "stats"]
+__all__ = [
+    "Result",
+    "__version__",
+    "answer",
+    "calibrate",
+    "compare",
+    "generate",
+    "judge",
+    "run",
+    "stats",
+]

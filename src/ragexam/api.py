@@ -1,37 +1,57 @@
-"""The Python API: each command as a function that takes the CLI's options as keyword arguments.
+"""The Python API, and the one orchestration: `ragexam COMMAND` calls these same functions.
 
     import ragexam
-    exam = ragexam.generate(chroma="examples/chroma", limit=20)
-    answers = ragexam.answer(chroma="examples/chroma", rag=my_chain)  # a callable or Runnable
+    exam = ragexam.generate("examples/chroma", limit=20)
+    answers = ragexam.answer("examples/chroma", rag=my_chain)  # a callable or Runnable
     ragexam.judge()
     report = ragexam.stats()
     report.frame()  # summary_by_document.csv as a DataFrame
+    ragexam.run("examples/chroma", control_runs=True)  # every stage, as `ragexam run`
 
-Each returns a `Result`: the files written, the figures, and `.frame()`. They run no progress bar
-and print nothing. Inside a running event loop (Jupyter), a stage runs in a worker thread with
-its own loop, so the call still simply returns its result.
+A function takes its command's options as keyword arguments, each declared once, with its
+default, in options.py (`help(ragexam.run)` lists them). It returns a `Result` and prints
+nothing: a `session` whose observer prints (the CLI's) is told what happens as it happens.
+Inside a running event loop (Jupyter), the work runs in a worker thread with its own loop, so
+the call still simply returns its result.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ragexam.commands import answer_setup, generate_setup, judge_setup
-from ragexam.config import AnswerContext, Scale, Settings, StructuredMethod
+from ragexam.errors import ConfigError
+from ragexam.io.runfolder import CONTROL_RUNS, RunFolder
+from ragexam.options import (
+    ANSWER,
+    CALIBRATE,
+    COMPARE,
+    GENERATE,
+    JUDGE,
+    RUN,
+    SLOTS,
+    STATS,
+    Given,
+    Spec,
+)
+from ragexam.stages.session import Session, session_for
+from ragexam.stages.setup import settings_for
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from ragexam.config import Settings
     from ragexam.stages.dryrun import Estimate
     from ragexam.stages.runner import StageResult
 
 T = TypeVar("T")
-PathLike = str | Path
+Body = Callable[[Given, Session], "Result"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +60,7 @@ class Result:
 
     paths: dict[str, Path]
     figures: dict[str, Any] = field(default_factory=dict)
+    detail: Any = field(default=None, repr=False, compare=False)  # the typed result behind them
 
     @property
     def path(self) -> Path:
@@ -50,18 +71,57 @@ class Result:
         """A CSV written, as a pandas DataFrame; the main one unless `name` says which."""
         import pandas as pd
 
+        from ragexam.io.csvfile import unescape_cell
+
         path = self.paths[name] if name else self.path
         frame = pd.read_csv(path, encoding="utf-8-sig")
         for column in frame.columns:
             if not pd.api.types.is_numeric_dtype(frame[column]):
-                frame[column] = frame[column].map(_unescape)
+                frame[column] = frame[column].map(
+                    lambda v: unescape_cell(v) if isinstance(v, str) else v
+                )
         return frame
 
 
-def _unescape(value: Any) -> Any:
-    from ragexam.io.csvfile import unescape_cell
+def command(spec: Spec, body: Body) -> Callable[..., Result]:
+    """The public function of a command: its options by keyword, resolved, in a session."""
 
-    return unescape_cell(value) if isinstance(value, str) else value
+    def public(*args: Any, session: Session | None = None, **options: Any) -> Result:
+        if len(args) > len(spec.positional):
+            raise TypeError(f"{spec.name}() takes {len(spec.positional)} positional arguments")
+        given = spec.resolve({**dict(zip(spec.positional, args, strict=False)), **options})
+        with session_for(session) as shared:
+            return _in_own_loop(lambda: body(given, shared))
+
+    public.__name__ = public.__qualname__ = spec.name
+    public.__doc__ = body.__doc__
+    public.__module__ = __name__
+    public.__signature__ = signature(spec)  # type: ignore[attr-defined]
+    return public
+
+
+def signature(spec: Spec) -> inspect.Signature:
+    """The API function's signature: the positional options first, then every other by keyword."""
+    kinds = {True: inspect.Parameter.POSITIONAL_OR_KEYWORD, False: inspect.Parameter.KEYWORD_ONLY}
+    ordered = sorted(spec.fields(), key=lambda pair: pair[1].name not in spec.positional)
+    parameters = [
+        inspect.Parameter(
+            item.name,
+            kinds[item.name in spec.positional],
+            default=item.default,
+            annotation=option_type(slot, item.name),
+        )
+        for slot, item in ordered
+    ]
+    session = inspect.Parameter(
+        "session", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Session | None
+    )
+    return inspect.Signature([*parameters, session], return_annotation=Result)
+
+
+def option_type(slot: str, name: str) -> Any:
+    """An option's type, as the API takes it."""
+    return typing.get_type_hints(SLOTS[slot])[name]
 
 
 def _in_own_loop(call: Callable[[], T]) -> T:
@@ -69,182 +129,220 @@ def _in_own_loop(call: Callable[[], T]) -> T:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
+        running = False  # the call is made outside this block: its errors are not "during" it
+    else:
+        running = True
+    if not running:
         return call()
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ragexam") as pool:
         return pool.submit(call).result()
 
 
-def _stage(result: StageResult, name: str, settings: Settings, stage: str | None = None) -> Result:
-    """The stage's Result, its cost recorded as the CLI records it; raises on too many errors."""
+# -- the stages ----------------------------------------------------------------------------------
+
+
+def _generate(given: Given, session: Session) -> Result:
+    """Write qa_dataset.csv: one question and ground-truth answer per chunk."""
+    settings = settings_for(given, "generate")
+    if given.calls.dry_run:
+        from ragexam.stages.dryrun import estimate_generate
+
+        return _estimated([estimate_generate(settings, given, session)], session)
+    from ragexam.stages.generate import run_generate
+
+    result = run_generate(settings, given, session)
+    return _checked(_stage("generate", "qa_dataset", result, settings, session), settings)
+
+
+def _answer(given: Given, session: Session) -> Result:
+    """Write answers.csv; `rag` is "module:callable", or a callable or Runnable object."""
+    settings = settings_for(given, "answer")
+    if given.calls.dry_run:
+        from ragexam.stages.dryrun import estimate_answer
+
+        return _estimated([estimate_answer(settings, given, session)], session)
+    from ragexam.stages.answer import run_answer
+
+    result = run_answer(settings, given, session)
+    return _checked(_stage("answer", "answers", result, settings, session), settings)
+
+
+def _judge(given: Given, session: Session) -> Result:
+    """Write judgments.csv, and judge_controls.csv unless `controls=0`."""
+    settings = settings_for(given, "judge")
+    if given.calls.dry_run:
+        from ragexam.stages.dryrun import estimate_judge
+
+        return _estimated(estimate_judge(settings, given, session), session)
+    from ragexam.analysis.verdict import read_verdict
+    from ragexam.stages.judge import run_controls, run_judge
+
+    graded = _stage("judge", "judgments", run_judge(settings, given, session), settings, session)
+    if not given.grading.controls:
+        return _checked(graded, settings)
+    known = run_controls(settings, given, session)
+    checks = _stage("judge_controls", "controls", known, settings, session)
+    verdict = read_verdict(given.out)
+    if verdict is not None and not session.in_run:  # in `run`, stats says it beside the scores
+        session.observer.verdict(verdict)
+    _checked(checks, settings)
+    _checked(graded, settings)
+    figures = {**graded.figures, "controls": checks.figures}
+    return Result({**graded.paths, **checks.paths}, figures, graded.detail)
+
+
+def _stage(
+    name: str, key: str, result: StageResult, settings: Settings, session: Session
+) -> Result:
+    """Price what the stage billed, record it, and tell the observer."""
     from ragexam.llm.prices import record_cost
+
+    cost, price = record_cost(result.path.parent, name, settings)
+    session.observer.stage_done(name, result, cost, price)
+    figures = {**result.outcome.record(), "skipped": result.skipped, "cost_usd": cost}
+    return Result({key: result.path}, figures, result)
+
+
+def _checked(result: Result, settings: Settings) -> Result:
+    """The result, unless its file holds more error rows than allowed (TooManyErrors)."""
     from ragexam.stages.runner import check_error_rate
 
-    cost, _ = record_cost(result.path.parent, stage or name, settings)
     check_error_rate(result.path, settings.max_error_rate)
-    figures = {**result.outcome.record(), "skipped": result.skipped, "cost_usd": cost}
-    return Result({name: result.path}, figures)
+    return result
 
 
-def dry_run_result(estimates: list[Estimate]) -> Result:
+def _estimated(estimates: list[Estimate], session: Session) -> Result:
     """What a dry run found: no file, the estimates per stage, and their calls and cost."""
+    session.observer.estimates(estimates)
     costs = [estimate.cost_usd for estimate in estimates]
     total = None if None in costs else sum(cost or 0.0 for cost in costs)
     figures = {"estimates": [estimate.record() for estimate in estimates], "cost_usd": total}
     return Result({}, {**figures, "calls": sum(estimate.calls for estimate in estimates)})
 
 
-def generate(
-    chroma: PathLike | None = None,
-    *,
-    chroma_url: str | None = None,
-    collection: str | None = None,
-    out: PathLike = "outputs",
-    limit: int | None = None,
-    concurrency: int | None = None,
-    model: str | None = None,
-    doc_key: str | None = None,
-    max_error_rate: float | None = None,
-    structured_output: StructuredMethod | str | None = None,
-    force: bool = False,
-    max_chunk_chars: int = 8000,
-    chroma_tenant: str | None = None,
-    chroma_database: str | None = None,
-    sample: int | None = None,
-    per_document: int | None = None,
-    seed: int = 0,
-    split: float | None = None,
-    check: bool = False,
-    rpm: int | None = None,
-    tpm: int | None = None,
-    dry_run: bool = False,
-) -> Result:
-    """Write qa_dataset.csv: one question and ground-truth answer per chunk."""
-    settings, options = generate_setup(locals())
-    if dry_run:
-        from ragexam.stages.dryrun import estimate_generate
-
-        return dry_run_result([estimate_generate(settings, options)])
-    from ragexam.stages.generate import run_generate
-
-    result = _in_own_loop(lambda: run_generate(settings, options))
-    return _stage(result, "qa_dataset", settings, "generate")
-
-
-def answer(
-    chroma: PathLike | None = None,
-    *,
-    chroma_url: str | None = None,
-    collection: str | None = None,
-    out: PathLike = "outputs",
-    qa_dataset: PathLike | None = None,
-    k: int = 5,
-    embedding: str | None = None,
-    rag: Any = None,
-    limit: int | None = None,
-    concurrency: int | None = None,
-    model: str | None = None,
-    max_error_rate: float | None = None,
-    force: bool = False,
-    context: AnswerContext | str = AnswerContext.retrieved,
-    trust_store_endpoint: bool = False,
-    rag_timeout: float | None = None,
-    texts: bool = True,
-    max_chunk_chars: int = 8000,
-    chroma_tenant: str | None = None,
-    chroma_database: str | None = None,
-    rpm: int | None = None,
-    tpm: int | None = None,
-    dry_run: bool = False,
-) -> Result:
-    """Write answers.csv; `rag` is "module:callable", or a callable or Runnable object."""
-    settings, options = answer_setup(locals())
-    if dry_run:
-        from ragexam.stages.dryrun import estimate_answer
-
-        return dry_run_result([estimate_answer(settings, options)])
-    from ragexam.stages.answer import run_answer
-
-    result = _in_own_loop(lambda: run_answer(settings, options))
-    return _stage(result, "answers", settings, "answer")
-
-
-def judge(
-    *,
-    out: PathLike = "outputs",
-    qa_dataset: PathLike | None = None,
-    answers: PathLike | None = None,
-    samples: int = 1,
-    temperature: float | None = None,
-    scale: Scale | str = Scale.unit,
-    limit: int | None = None,
-    concurrency: int | None = None,
-    model: str | None = None,
-    max_error_rate: float | None = None,
-    structured_output: StructuredMethod | str | None = None,
-    force: bool = False,
-    controls: int = 10,
-    seed: int = 0,
-    rpm: int | None = None,
-    tpm: int | None = None,
-    dry_run: bool = False,
-) -> Result:
-    """Write judgments.csv, and judge_controls.csv unless `controls=0`."""
-    settings, options = judge_setup(locals())
-    if dry_run:
-        from ragexam.stages.dryrun import estimate_judge
-
-        return dry_run_result(estimate_judge(settings, options))
-    from ragexam.stages.judge import run_controls, run_judge
-
-    result = _in_own_loop(lambda: run_judge(settings, options))
-    if not controls:
-        return _stage(result, "judgments", settings, "judge")
-    known = _in_own_loop(lambda: run_controls(settings, options))
-    checks = _stage(known, "controls", settings, "judge_controls")
-    graded = _stage(result, "judgments", settings, "judge")
-    return Result({**graded.paths, **checks.paths}, {**graded.figures, "controls": checks.figures})
-
-
-def stats(
-    *,
-    out: PathLike = "outputs",
-    k: int | None = None,
-    seed: int = 0,
-    split: str | None = None,
-    exclude_flagged: bool = False,
-    fail_under: str | None = None,
-) -> Result:
+def _stats(given: Given, session: Session) -> Result:
     """Write the summaries and report.html; figures are the overall row (`document` ALL).
 
     `fail_under="completeness=0.7,hit_rate=0.8"` raises GateFailed after writing them.
     """
     from ragexam.analysis.gates import check_bounds, parse_bounds
     from ragexam.analysis.stats import StatsOptions, run_stats
-
-    bounds = parse_bounds(fail_under) if fail_under is not None else None
     from ragexam.report.html import write_report
 
-    result = run_stats(StatsOptions(Path(out), k, seed, split, exclude_flagged))
-    write_report(result, result.paths["report"])
-    figures = {str(name): value for name, value in result.overall.iloc[0].items()}
+    gate = given.summary.fail_under
+    bounds = parse_bounds(gate) if gate is not None else None
+    with session.holding(given.out):
+        result = run_stats(
+            StatsOptions(
+                given.out,
+                given.answering.k,
+                given.folder.seed,
+                given.summary.split,
+                given.summary.exclude_flagged,
+            )
+        )
+        write_report(result, result.paths["report"])
+    session.observer.stats(result)
+    figures = {str(name): _plain(value) for name, value in result.overall.iloc[0].items()}
     if bounds:
         check_bounds(figures, bounds)
-    return Result(dict(result.paths), {**figures, "k": result.k})
+    return Result(dict(result.paths), {**figures, "k": result.k}, result)
 
 
-def compare(
-    run_a: PathLike,
-    run_b: PathLike,
-    *,
-    out: PathLike | None = None,
-    seed: int = 0,
-    fail_on_regression: bool = False,
-) -> Result:
+def _plain(value: Any) -> Any:
+    """A figure as a plain Python value (numpy's scalars are not JSON)."""
+    item = getattr(value, "item", None)
+    return item() if callable(item) else value
+
+
+def _compare(given: Given, session: Session) -> Result:
     """Write comparison.csv: paired differences per metric and document; figures hold warnings."""
     from ragexam.analysis.compare import run_compare
     from ragexam.analysis.gates import check_regressions
 
-    result = run_compare(Path(run_a), Path(run_b), Path(out or run_b), seed)
-    if fail_on_regression:
+    runs = given.comparing
+    result = run_compare(runs.run_a, runs.run_b, runs.out or runs.run_b, runs.seed)
+    session.observer.compared(result)
+    if runs.fail_on_regression:
         check_regressions(result.table)
-    return Result({"comparison": result.path}, {"warnings": list(result.warnings)})
+    return Result({"comparison": result.path}, {"warnings": list(result.warnings)}, result)
+
+
+def _calibrate(given: Given, session: Session) -> Result:
+    """Measure the judge against a person's grades (calibration.csv), or write a template."""
+    from ragexam.analysis.calibrate import run_calibrate
+    from ragexam.analysis.labels import write_template
+
+    asked = given.calibrating
+    if (asked.labels is None) == (asked.template is None):
+        raise ConfigError("give LABELS.csv to measure the judge, or --template N to write one")
+    if asked.labels is None:
+        path, count = write_template(given.out, asked.template or 0, given.folder.seed)
+        session.observer.template(path, count)
+        return Result({"labels_template": path}, {"questions": count})
+    result = run_calibrate(asked.labels, given.out, asked.scale, given.folder.seed)
+    session.observer.calibrated(result)
+    return Result({"calibration": result.path}, {"reading": result.reading}, result)
+
+
+def _run(given: Given, session: Session) -> Result:
+    """Every stage in order, as `ragexam run`: generate (unless `qa_dataset` names an exam),
+    answer, judge, the control runs if asked, and stats. Figures are by stage, and `cost_usd`
+    is the whole run's."""
+    _check_run(given)
+    if given.calls.dry_run:
+        from ragexam.stages.dryrun import estimate_run
+
+        settings = settings_for(given, "generate", "answer", "judge")
+        return _estimated(estimate_run(settings, given, session), session)
+    session.in_run = True
+    results: dict[str, Result] = {}
+    if given.inputs.qa_dataset is None:
+        results["generate"] = _generate(given, session)
+    results["answer"] = _answer(given, session)
+    results["judge"] = _judge(given, session)
+    folder = RunFolder(given.out)
+    exam = given.inputs.qa_dataset or folder.qa_dataset
+    for name in CONTROL_RUNS if given.grading.control_runs else ():
+        where = folder.control_run(name).path
+        control = given.but(out=where, qa_dataset=exam, rag=None, context=CONTROL_RUNS[name])
+        results[f"answer_{name}"] = _answer(control, session)
+        results[f"judge_{name}"] = _judge(control.but(controls=0), session)
+    return _whole(given, results, session)
+
+
+def _check_run(given: Given) -> None:
+    """Refuse options that cannot go together, and a malformed gate, before any call."""
+    if given.grading.control_runs and given.answering.rag not in (None, ""):
+        raise ConfigError(
+            "--control-runs answer with the built-in answerer, which is not your --rag system: "
+            "their completeness would compare two answerers; run them without --rag"
+        )
+    if given.summary.fail_under is not None:
+        from ragexam.analysis.gates import parse_bounds
+
+        parse_bounds(given.summary.fail_under)
+
+
+def _whole(given: Given, results: dict[str, Result], session: Session) -> Result:
+    """run's Result: the summary first, then every file (a control run's as `gold/answers`)."""
+    from ragexam.llm.prices import record_total
+
+    cost = record_total(given.out)
+    session.observer.run_cost(cost)
+    results["stats"] = _stats(given, session)
+    paths = dict(results["stats"].paths)
+    for stage, result in results.items():
+        prefix = next((f"{name}/" for name in CONTROL_RUNS if stage.endswith(f"_{name}")), "")
+        paths |= {prefix + name: path for name, path in result.paths.items()}
+    figures: dict[str, Any] = {stage: result.figures for stage, result in results.items()}
+    return Result(paths, {**figures, "cost_usd": cost.total}, results["stats"].detail)
+
+
+generate = command(GENERATE, _generate)
+answer = command(ANSWER, _answer)
+judge = command(JUDGE, _judge)
+stats = command(STATS, _stats)
+compare = command(COMPARE, _compare)
+calibrate = command(CALIBRATE, _calibrate)
+run = command(RUN, _run)

@@ -177,24 +177,26 @@ def load_settings(env_file: Path | None = Path(".env"), **flags: Any) -> Setting
         settings = Settings(_env_file=env_file, **given)
     except ValueError as exc:
         raise ConfigError(f"invalid setting: {mask_url(_first_error(exc))}") from None
-    share_env_file(env_file, settings)
     return settings
 
 
-def share_env_file(env_file: Path | None, settings: Settings) -> None:
+def export_env_file(env_file: Path = Path(".env")) -> None:
     """Give `.env` to libraries that read the process environment, never over a set variable.
 
     Chroma rebuilds a collection's stored embedding function from a variable name
     (`api_key_env_var`), and a --rag module builds its own OpenAI client: both need the key.
+    Only the command line calls this: a process it starts is its own. A Python caller (a
+    notebook) keeps its environment as it was, and sets what its libraries need itself.
     """
     from dotenv import dotenv_values
 
-    if env_file is not None and env_file.is_file():
+    if env_file.is_file():
         for name, value in dotenv_values(env_file).items():
             if value is not None:
                 os.environ.setdefault(name, value)
-    if not os.environ.get("OPENAI_API_KEY") and settings.openai_base_url:
-        os.environ["OPENAI_API_KEY"] = settings.api_key().get_secret_value()  # a local server
+    base_url = os.environ.get("OPENAI_BASE_URL")
+    if not os.environ.get("OPENAI_API_KEY") and base_url:
+        os.environ["OPENAI_API_KEY"] = "not-needed"  # a local server: libraries insist on one
 
 
 def _first_error(exc: ValueError) -> str:

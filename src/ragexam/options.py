@@ -21,13 +21,17 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
+import typing
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from ragexam.config import AnswerContext, Scale, StructuredMethod
+from ragexam.errors import ConfigError
 
 DEFAULT_K = 5  # chunks retrieved per question, and the metrics' cutoff when answer recorded none
 
@@ -42,6 +46,7 @@ class Meta:
     max: float | None = None
     argument: bool = False  # a positional argument on the command line
     cli_type: Any = None  # the CLI's type when the API takes more (a RAG object)
+    help_by_command: Mapping[str, str] = field(default_factory=dict)  # where it reads otherwise
 
 
 def option(default: Any, help: str, **meta: Any) -> Any:
@@ -127,7 +132,13 @@ class Answering:
 
     PANEL: ClassVar[str] = "Answering"
     k: int | None = option(
-        None, f"Chunks retrieved per question, and the metrics' cutoff [{DEFAULT_K}].", min=1
+        None,
+        f"Chunks retrieved per question, and the metrics' cutoff [{DEFAULT_K}].",
+        min=1,
+        help_by_command={
+            "answer": f"Chunks to retrieve per question [{DEFAULT_K}].",
+            "stats": f"Metrics cutoff [answer's k, else {DEFAULT_K}].",
+        },
     )
     embedding: str | None = option(
         None, "collection (the store's own) or openai:MODEL [collection]."
@@ -147,7 +158,11 @@ class Inputs:
     """Files a stage reads from elsewhere than the run folder."""
 
     PANEL: ClassVar[str] = "Run folder"
-    qa_dataset: Path | None = option(None, "The exam to sit [OUT/qa_dataset.csv].")
+    qa_dataset: Path | None = option(
+        None,
+        "Questions [OUT/qa_dataset.csv].",
+        help_by_command={"run": "Sit this exam instead of writing one [OUT/qa_dataset.csv]."},
+    )
     answers: Path | None = option(None, "Answers [OUT/answers.csv].")
 
 
@@ -240,7 +255,7 @@ class Given:
         return dataclasses.replace(self, **groups)
 
 
-SLOTS: dict[str, type] = {
+SLOTS: dict[str, Any] = {  # each group class, by its field of Given
     "folder": Folder,
     "store": Store,
     "calls": Calls,
@@ -265,13 +280,11 @@ class Alias:
     old: str  # as a keyword (judge_controls); the flag is --judge-controls
     new: str
     hidden_type: Any = None  # the CLI type of a hidden alias option; None: no hidden option
+    convert: Callable[[Any], Any] = field(default=lambda value: value)  # old value -> new
 
     def message(self, value: Any) -> str:
         """What the warning says."""
-        return (
-            f"{_flag(self.old)} is deprecated: use {_flag(self.new)} "
-            f"({self.old}= and {self.new}= in the Python API)"
-        )
+        return f"{_flag(self.old)} is deprecated: use {_flag(self.new)}"
 
 
 def _flag(name: str) -> str:
@@ -319,27 +332,51 @@ class Spec:
             raise TypeError(f"{self.name}() got an unexpected option {unknown[0]!r}{hint}")
         by_slot: dict[str, dict[str, Any]] = {}
         for name, value in values.items():
-            by_slot.setdefault(where[name], {})[name] = value
+            by_slot.setdefault(where[name], {})[name] = _typed(SLOTS[where[name]], name, value)
         groups = {slot: SLOTS[slot](**fields) for slot, fields in by_slot.items()}
         return Given(**groups)
 
     def _renamed(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """The values with old spellings under their new names, each with its warning."""
         renamed = dict(values)
-        for alias in self.aliases:
-            if alias.old in renamed and (value := renamed.pop(alias.old)) is not None:
-                warnings.warn(alias.message(value), Deprecated, stacklevel=4)
-                renamed[alias.new] = value
         names = self.names()
         if "control_runs" in names and isinstance(renamed.get("controls"), bool):
             warnings.warn(Alias("controls", "control_runs").message(True), Deprecated, 4)
             renamed["control_runs"] = renamed.pop("controls")
+        for alias in self.aliases:
+            if alias.old in renamed and (value := renamed.pop(alias.old)) is not None:
+                warnings.warn(alias.message(value), Deprecated, stacklevel=4)
+                renamed[alias.new] = alias.convert(value)
         split = renamed.get("split")
         if "validation" in names and split is not None and _is_share(split):
             message = "--split F with a number is deprecated: use --validation F (validation=)"
             warnings.warn(message, Deprecated, stacklevel=4)
             renamed["validation"] = float(renamed.pop("split"))
         return renamed
+
+
+def _typed(group: type, name: str, value: Any) -> Any:
+    """A value as its option's type holds it: a path for a str, an enum for its value."""
+    if value is None or isinstance(value, bool):
+        return value
+    kind = typing.get_type_hints(group)[name]
+    for option in typing.get_args(kind) or (kind,):
+        if option is Path and isinstance(value, str | os.PathLike):
+            return Path(value)
+        if isinstance(option, type) and issubclass(option, Enum) and not isinstance(value, option):
+            try:
+                return option(value)
+            except ValueError:
+                choices = ", ".join(str(member.value) for member in option)
+                raise ConfigError(f"{name}={value!r} is not one of {choices}") from None
+    return value
+
+
+def _share(value: Any) -> float:
+    """generate's old --split F: a share of each document's questions."""
+    if not _is_share(value):
+        raise ConfigError(f"--split {value} on generate must be a share, e.g. --validation 0.2")
+    return float(value)
 
 
 def _is_share(value: Any) -> bool:
@@ -355,7 +392,7 @@ GENERATE = Spec(
     ("store", "exam", "calls", "folder"),
     leave_out=frozenset({"trust_store_endpoint"}),
     positional=("chroma",),
-    aliases=(Alias("split", "validation", str | None),),
+    aliases=(Alias("split", "validation", str | None, lambda value: _share(value)),),
 )
 ANSWER = Spec(
     "answer",

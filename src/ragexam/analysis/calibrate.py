@@ -22,10 +22,10 @@ from ragexam.config import Scale
 from ragexam.errors import InputFileError
 from ragexam.io.atomic import atomic_file
 from ragexam.io.csvfile import read_rows
+from ragexam.io.runfolder import RunFolder
 
 FloatArray = npt.NDArray[np.float64]
 CALIBRATION_FILE = "calibration.csv"
-JUDGMENTS_FILE = "judgments.csv"
 COLUMNS = (
     "metric",
     "n",
@@ -143,8 +143,9 @@ class Calibration:
 def run_calibrate(labels: Path, out: Path, scale: Scale, seed: int = 0) -> Calibration:
     """Join a person's labels with judgments.csv on qa_id and write calibration.csv."""
     required = ("qa_id", "status", *METRICS)
-    judged = {row["qa_id"]: row for row in read_rows(out / JUDGMENTS_FILE, required)}
-    pairs, notes = read_labels(labels, scale, judged, out / JUDGMENTS_FILE)
+    judgments = RunFolder(out).judgments
+    judged = {row["qa_id"]: row for row in read_rows(judgments, required)}
+    pairs, notes = read_labels(labels, scale, judged, judgments)
     for metric, (judge, _) in pairs.items():
         if len(judge) < MIN_LABELS:
             notes.append(

@@ -10,13 +10,14 @@ import numpy as np
 import pandas as pd
 
 from ragexam.analysis.grouped import grouped_compare
-from ragexam.analysis.questions import QA_FILE, load_questions, resolve_k
+from ragexam.analysis.questions import load_questions, resolve_k
 from ragexam.analysis.resampling import compare_paired
 from ragexam.analysis.stats import rank_index, score_table
 from ragexam.errors import InputFileError
 from ragexam.io.atomic import atomic_file
 from ragexam.io.csvfile import escape_cell
 from ragexam.io.manifest import read_manifest
+from ragexam.io.runfolder import RunFolder
 
 # metric -> (the per-question flag that says it has a value, its column in score_table or None)
 METRICS = {
@@ -50,7 +51,8 @@ def run_compare(run_a: Path, run_b: Path, out: Path, seed: int = 0) -> CompareRe
     paired = scores_a.merge(scores_b, on="qa_id", suffixes=("_a", "_b"))
     if paired.empty:
         raise InputFileError(
-            run_b / QA_FILE, f"shares no qa_id with {run_a / QA_FILE}; compare runs of one exam"
+            RunFolder(run_b).exam(),
+            f"shares no qa_id with {RunFolder(run_a).exam()}; compare runs of one exam",
         )
     warnings = manifest_warnings(run_a, run_b)
     left_out = len(scores_a) + len(scores_b) - 2 * len(paired)

@@ -12,8 +12,10 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-# folder of the control run -> its completeness column in the summaries
-CONTROL_RUNS = {"gold": "completeness_gold", "closed_book": "completeness_closed_book"}
+from ragexam.io.runfolder import CONTROL_RUNS
+
+# each control run's completeness column in the summaries, by the run's folder
+COLUMNS = {name: f"completeness_{name}" for name in CONTROL_RUNS}
 PRIOR_KNOWLEDGE = 0.6  # closed-book completeness at or above: the questions don't test retrieval
 LOW_GOLD = 0.6  # gold completeness below: even the right chunk gives poor answers
 RETRIEVAL_LOSS = 0.2  # at or above: retrieval costs this much completeness
@@ -27,7 +29,7 @@ def control_means(
 ) -> dict[str, Any]:
     """Per group, the mean completeness of each control run present, and the retrieval loss."""
     columns: dict[str, Any] = {}
-    for name in CONTROL_RUNS.values():
+    for name in COLUMNS.values():
         if name in questions:
             values = questions[name].to_numpy(dtype=float)
             judged = ~np.isnan(values)
@@ -48,7 +50,7 @@ def measured_diagnosis(
     A group without both control figures keeps the threshold diagnosis (`fallback`), and
     one with no judged question stays "not judged".
     """
-    if not all(name in columns for name in CONTROL_RUNS.values()):
+    if not all(name in columns for name in COLUMNS.values()):
         return fallback
     # Rounded so that a mean meant as 0.2 (1.0 - 0.8 = 0.19999999999999996) meets its threshold.
     gold, closed, loss = (

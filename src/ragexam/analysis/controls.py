@@ -14,7 +14,6 @@ from pathlib import Path
 
 from ragexam.io.rowlog import RowLog
 
-CONTROLS_FILE = "judge_controls.csv"
 # The runner's key is control_id ("qa_id:kind"); these follow it, before the judge's columns.
 CONTROL_COLUMNS = (
     "qa_id",

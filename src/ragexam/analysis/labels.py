@@ -15,6 +15,7 @@ from ragexam.config import Scale
 from ragexam.errors import InputFileError, OutputFileError
 from ragexam.io.csvfile import read_rows
 from ragexam.io.rowlog import RowLog
+from ragexam.io.runfolder import RunFolder
 
 FloatArray = npt.NDArray[np.float64]
 METRICS = ("completeness", "conciseness")
@@ -35,11 +36,12 @@ def write_template(out: Path, n: int, seed: int = 0) -> tuple[Path, int]:
     path = out / TEMPLATE_FILE
     if path.exists():
         raise OutputFileError(path, "exists and may hold your labels; move it away first")
-    qa = read_rows(out / "qa_dataset.csv", ("qa_id", "document", "question", "ground_truth_answer"))
-    answers = {row["qa_id"]: row for row in read_rows(out / "answers.csv", ("qa_id", "answer"))}
+    folder = RunFolder(out)
+    qa = read_rows(folder.exam(), ("qa_id", "document", "question", "ground_truth_answer"))
+    answers = {row["qa_id"]: row for row in read_rows(folder.answers_read(), ("qa_id", "answer"))}
     ok = {
         row["qa_id"]
-        for row in read_rows(out / "judgments.csv", ("qa_id", "status"))
+        for row in read_rows(folder.judgments, ("qa_id", "status"))
         if row["status"] == "ok"
     }
     rows = [
@@ -48,9 +50,7 @@ def write_template(out: Path, n: int, seed: int = 0) -> tuple[Path, int]:
         if row["qa_id"] in ok and row["qa_id"] in answers
     ]
     if not rows:
-        raise InputFileError(
-            out / "judgments.csv", "holds no ok judgment to label; run judge first"
-        )
+        raise InputFileError(folder.judgments, "holds no ok judgment to label; run judge first")
     chosen = stratified(rows, n, seed)
     RowLog(path, TEMPLATE_COLUMNS).rewrite(chosen)
     return path, len(chosen)

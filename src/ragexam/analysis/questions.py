@@ -12,14 +12,14 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from ragexam.analysis.controlruns import CONTROL_RUNS
+from ragexam.analysis.controlruns import COLUMNS
 from ragexam.analysis.summary import DEFAULT_K, TEXTS
 from ragexam.errors import InputFileError
 from ragexam.io.csvfile import unescape_cell
-from ragexam.io.manifest import input_file, read_manifest
+from ragexam.io.manifest import read_manifest
+from ragexam.io.runfolder import RunFolder
 
 IntArray = npt.NDArray[np.int64]
-QA_FILE, ANSWERS_FILE, JUDGMENTS_FILE = "qa_dataset.csv", "answers.csv", "judgments.csv"
 
 
 def _stage(manifest: dict[str, Any], name: str) -> dict[str, Any]:
@@ -35,7 +35,7 @@ def deepest_rank(out: Path, questions: pd.DataFrame) -> int | None:
     """
     retrieved = 0
     with suppress(InputFileError):  # hand-made answers may have no retrieved_ids
-        ids = _read(input_file(out, ANSWERS_FILE, "answers"), ("retrieved_ids",))["retrieved_ids"]
+        ids = _read(RunFolder(out).answers_read(), ("retrieved_ids",))["retrieved_ids"]
         retrieved = max((_count(cell) for cell in ids), default=0)
     if not retrieved:
         return None
@@ -173,15 +173,16 @@ def _checked(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
 
 def load_questions(out: Path, *, texts: bool = False) -> pd.DataFrame:
     """One row per question of qa_dataset.csv, joined on qa_id with its answer and judgment."""
-    qa_path = input_file(out, QA_FILE, "qa_dataset")  # answer records where its exam came from
+    folder = RunFolder(out)
+    qa_path = folder.exam()  # answer records where its exam came from
     qa = _read(qa_path, ("qa_id", "document", "status", *(TEXTS if texts else ())))
     index = pd.Index(qa["qa_id"])
     if not index.is_unique:
         repeated = unescape_cell(str(qa["qa_id"][index.duplicated()].iloc[0]))
         raise InputFileError(qa_path, f"repeats qa_id {repeated!r}; each needs its own")
-    answers_path = input_file(out, ANSWERS_FILE, "answers")
+    answers_path = folder.answers_read()
     answers = _aligned(answers_path, index, ("target_rank",), ("answer",) if texts else ())
-    judgments = _aligned(out / JUDGMENTS_FILE, index, ("completeness", "conciseness"), ())
+    judgments = _aligned(folder.judgments, index, ("completeness", "conciseness"), ())
     failed = (answers.present & ~answers.ok) | (judgments.present & ~judgments.ok)
     error = (qa["status"] != "ok").to_numpy() | failed
     frame = pd.DataFrame(
@@ -198,8 +199,7 @@ def load_questions(out: Path, *, texts: bool = False) -> pd.DataFrame:
     )
     if texts:
         frame = frame.assign(**{name: qa[name] for name in TEXTS}, answer=answers.values["answer"])
-    for folder, column in CONTROL_RUNS.items():  # control runs, when `run --controls` made them
-        if (out / folder / JUDGMENTS_FILE).exists():
-            control = _aligned(out / folder / JUDGMENTS_FILE, index, ("completeness",), ())
-            frame[column] = control.values["completeness"]
+    for name, control_run in folder.control_runs().items():  # `run --control-runs` made them
+        control = _aligned(control_run.judgments, index, ("completeness",), ())
+        frame[COLUMNS[name]] = control.values["completeness"]
     return frame

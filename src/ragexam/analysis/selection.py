@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ragexam.analysis.controlruns import CONTROL_RUNS
+from ragexam.analysis.controlruns import COLUMNS
 from ragexam.errors import ConfigError
 
-SCORES = ("rank", "completeness", "conciseness", *CONTROL_RUNS.values())
+SCORES = ("rank", "completeness", "conciseness", *COLUMNS.values())
 
 
 def _qa_columns(path: Path, names: tuple[str, ...]) -> dict[str, pd.Series]:

@@ -18,8 +18,6 @@ from ragexam.analysis.cutoffs import cutoff_columns
 from ragexam.analysis.grouped import grouped_bootstrap_ci
 from ragexam.analysis.metrics import score_rank
 from ragexam.analysis.questions import (
-    JUDGMENTS_FILE,
-    QA_FILE,
     deepest_rank,
     load_questions,
     resolve_k,
@@ -41,8 +39,7 @@ from ragexam.analysis.summary import (
 from ragexam.analysis.verdict import read_verdict
 from ragexam.io.atomic import atomic_file
 from ragexam.io.csvfile import escape_cell, unescape_cell
-from ragexam.io.lock import run_folder_lock
-from ragexam.io.manifest import input_file
+from ragexam.io.runfolder import RunFolder
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -62,16 +59,16 @@ class StatsOptions:
 
 def run_stats(options: StatsOptions) -> StatsResult:
     """Write summary_by_document.csv, summary.csv and report.html; no LLM call is made."""
-    with run_folder_lock(options.out):
-        return _summarise_run(options)
+    return _summarise_run(options)
 
 
 def _summarise_run(options: StatsOptions) -> StatsResult:
     out = options.out
     questions = load_questions(out, texts=True)
-    stale = stale_grades(out / JUDGMENTS_FILE, questions)
+    folder = RunFolder(out)
+    stale = stale_grades(folder.judgments, questions)
     questions = drop_stale(questions, stale)
-    exam = input_file(out, QA_FILE, "qa_dataset")  # answer records where its exam came from
+    exam = folder.exam()  # answer records where its exam came from
     questions = select(questions, exam, options.split, options.exclude_flagged)
     k = resolve_k(out, options.k)
     k = min(k, deepest_rank(out, questions) or k)  # a k past every retrieved chunk adds nothing

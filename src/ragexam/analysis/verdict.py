@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ragexam.analysis.controls import CONTROLS_FILE, KINDS
+from ragexam.analysis.controls import KINDS
 from ragexam.errors import InputFileError
 from ragexam.io.csvfile import read_rows
+from ragexam.io.runfolder import RunFolder
 
 TRUSTED_SHARE = 0.9  # below this share of passed controls, the judge is not to be trusted
 WORST_FAILURES = 10
@@ -101,7 +102,7 @@ class Verdict:
 
 def read_verdict(out: Path) -> Verdict | None:
     """The verdict of OUT/judge_controls.csv, recomputed from its grades; None without the file."""
-    path = out / CONTROLS_FILE
+    path = RunFolder(out).controls
     if not path.exists():
         return None
     required = ("control", "completeness", "conciseness", "status")

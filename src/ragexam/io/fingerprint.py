@@ -43,6 +43,10 @@ class Stage(Protocol):
     def fixed(self) -> Mapping[str, Any]:
         """The settings every row shares."""
 
+    @property
+    def added(self) -> frozenset[str]:
+        """Those of the fixed settings that rows of older versions leave empty."""
+
 
 def changed_inputs(
     rows: Mapping[str, Mapping[str, Any]], inputs: Callable[[], Mapping[str, str]]
@@ -77,8 +81,12 @@ def _fingerprint(stage: Stage, row: Mapping[str, Any] | None) -> dict[str, str]:
     if row is None:
         mine = {"model": stage.model, "prompt": stage.prompt_hash}
         return mine | {name: _cell(value) for name, value in stage.fixed.items()}
-    theirs = {"model": row.get("model"), "prompt": row.get("prompt_hash")}
-    return theirs | {name: row.get(name) or "" for name in stage.fixed}
+    theirs = {"model": str(row.get("model") or ""), "prompt": str(row.get("prompt_hash") or "")}
+    for name, value in stage.fixed.items():
+        cell = str(row.get(name) or "")
+        # A setting older versions did not record was not changed by them: it is not a difference.
+        theirs[name] = _cell(value) if not cell and name in stage.added else cell
+    return theirs
 
 
 def _cell(value: Any) -> str:

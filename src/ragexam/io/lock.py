@@ -10,33 +10,43 @@ from __future__ import annotations
 import fcntl
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 
 from ragexam.errors import OutputFileError, RunFolderBusy
 
 LOCK_FILE = ".ragexam.lock"
-_held: dict[Path, int] = {}  # folders this process holds, with a count: stages nest in `run`
 
 
-@contextmanager
-def run_folder_lock(out: Path) -> Iterator[None]:
-    """Hold the run folder's lock, or raise RunFolderBusy naming the pid that holds it."""
-    key = out.resolve()
-    if key in _held:  # `run` holds it across its stages; each stage takes it again
-        _held[key] += 1
+class Locks:
+    """The run folders one command holds: each locked once, however many of its stages ask."""
+
+    def __init__(self) -> None:
+        self._held: dict[Path, int] = {}
+
+    @contextmanager
+    def holding(self, out: Path) -> Iterator[None]:
+        """Hold the run folder's lock, or raise RunFolderBusy naming the pid that holds it."""
+        key = out.resolve()
+        if key in self._held:  # `run` holds it across its stages; each stage takes it again
+            self._held[key] += 1
+            try:
+                yield
+            finally:
+                self._held[key] -= 1
+            return
+        descriptor = _acquire(out)
+        self._held[key] = 1
         try:
             yield
         finally:
-            _held[key] -= 1
-        return
-    descriptor = _acquire(out)
-    _held[key] = 1
-    try:
-        yield
-    finally:
-        del _held[key]
-        os.close(descriptor)  # closing releases the flock
+            del self._held[key]
+            os.close(descriptor)  # closing releases the flock
+
+
+def run_folder_lock(out: Path) -> AbstractContextManager[None]:
+    """Hold one run folder's lock, for a caller outside any command."""
+    return Locks().holding(out)
 
 
 def _acquire(out: Path) -> int:

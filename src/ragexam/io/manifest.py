@@ -53,12 +53,7 @@ def update_manifest(
     The stage's `last` update may use the room held for it when the disk is full.
     """
     path = out / "manifest.json"
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        manifest = {}  # a torn manifest is rebuilt; the CSVs are the record of results
-    if not isinstance(manifest, dict):
-        raise OutputFileError(path, "is not a JSON object; move it away and ragexam rebuilds it")
+    manifest = _current(path)
     manifest["ragexam_version"] = version("ragexam")
     manifest.setdefault("stages", {})[stage] = {
         **record,
@@ -78,10 +73,21 @@ def update_manifest(
 def set_run_field(out: Path, name: str, value: Any) -> Path:
     """Set one figure of the run as a whole (such as its cost) in `manifest.json`."""
     path = out / "manifest.json"
-    manifest = read_manifest(out)
+    manifest = _current(path)
     manifest[name] = value
     _write(path, json.dumps(manifest, indent=2, default=str) + "\n")
     return path
+
+
+def _current(path: Path) -> dict[str, Any]:
+    """The manifest to update: {} when there is none or it is torn; refused when not an object."""
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        manifest = {}  # a torn manifest is rebuilt; the CSVs are the record of results
+    if not isinstance(manifest, dict):
+        raise OutputFileError(path, "is not a JSON object; move it away and ragexam rebuilds it")
+    return manifest
 
 
 def _write(path: Path, text: str) -> None:
@@ -97,16 +103,3 @@ def read_manifest(out: Path) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def input_file(out: Path, name: str, key: str) -> Path:
-    """`out/name`, else the file a stage of this run recorded reading as `key` (e.g. the exam)."""
-    local = out / name
-    if local.exists():
-        return local
-    stages = read_manifest(out).get("stages")
-    for record in stages.values() if isinstance(stages, dict) else ():
-        recorded = record.get(key) if isinstance(record, dict) else None
-        if isinstance(recorded, str) and Path(recorded).is_file():
-            return Path(recorded)
-    return local

@@ -29,7 +29,7 @@ from pydantic import BaseModel
 
 from ragexam.config import Settings, StructuredMethod, SystemRole
 from ragexam.errors import AuthError, LLMError, OutputError
-from ragexam.llm.endpoint import ModelCheck, Reachability, ReplyBound, root_cause
+from ragexam.llm.endpoint import EndpointMemory, ModelCheck, Reachability, ReplyBound, root_cause
 from ragexam.llm.pacing import Pacer, estimate_tokens
 from ragexam.llm.prompts import system_as_user
 from ragexam.llm.replies import InvalidReply, NoAnswer, check_reply
@@ -110,6 +110,7 @@ class LLM:
         *,
         temperature: float | None = None,
         max_tokens: int | None = None,
+        memory: EndpointMemory | None = None,
     ) -> None:
         self.model = model
         self.max_tokens = max_tokens or settings.max_tokens_for("answer")
@@ -128,7 +129,7 @@ class LLM:
         self.chat.extra_body = self.bound.body()
         self.choice = MethodChoice(settings.structured_output)
         self.system_as_user = settings.system_prompt == SystemRole.user
-        self.model_check = ModelCheck(model, settings.openai_base_url)
+        self.model_check = ModelCheck(model, settings.openai_base_url, memory)
         self.max_retries = settings.max_retries
         self.backoff = settings.retry_backoff
         self.redact = settings.redact

@@ -2,9 +2,9 @@
 
 llama.cpp's server, and some proxies, answer every model name with the one model they have,
 so a misspelt RAGEXAM_MODEL would go unnoticed. Where `GET /v1/models` answers, the model is
-looked up there once, before a stage's first call, and once per run for a model and base URL
-(`ragexam run` does not look it up again in each stage). The warning goes to the `ragexam`
-logger; the CLI shows it as one line.
+looked up there once, before a stage's first call, and once per command for a model and base
+URL (`ragexam run` does not look it up again in each stage: its session's memory says so).
+The warning goes to the `ragexam` logger; the CLI shows it as one line.
 
 Every reply is bounded. OpenAI wants `max_completion_tokens` (its reasoning models refuse
 `max_tokens`, and it refuses both together); llama-cpp-python reads only `max_tokens`. Each
@@ -19,8 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the SDK loads with the first stage, not with the CLI's run scope
@@ -61,27 +60,28 @@ def absent_model_warning(model: str, listed: list[str] | None) -> str | None:
     )
 
 
-_checked: list[set[tuple[str | None, str]]] = []  # the run's (base URL, model) looked up
+class EndpointMemory:
+    """What one command learned of its endpoints: the models already looked up there."""
 
+    def __init__(self) -> None:
+        self.checked: set[tuple[str | None, str]] = set()
 
-@contextmanager
-def one_check_per_run() -> Iterator[None]:
-    """Within it (one command, `run` with its stages included), a model is looked up once."""
-    if _checked:  # a stage inside `run`: the run's checks hold
-        yield
-        return
-    _checked.append(set())
-    try:
-        yield
-    finally:
-        _checked.clear()
+    def first_check(self, base_url: str | None, model: str) -> bool:
+        """True the first time this model at this base URL is looked up."""
+        key = (base_url, model)
+        first = key not in self.checked
+        self.checked.add(key)
+        return first
 
 
 class ModelCheck:
     """Warns, through the `ragexam` logger, when the endpoint does not list the model."""
 
-    def __init__(self, model: str, base_url: str | None = None) -> None:
+    def __init__(
+        self, model: str, base_url: str | None = None, memory: EndpointMemory | None = None
+    ) -> None:
         self.model, self.base_url, self.done = model, base_url, False
+        self.memory = memory or EndpointMemory()
         self._lock = asyncio.Lock()
 
     async def once(self, client: openai.AsyncOpenAI) -> None:
@@ -89,20 +89,11 @@ class ModelCheck:
         if self.done:
             return
         async with self._lock:
-            if not self.done and self._first_in_run():
+            if not self.done and self.memory.first_check(self.base_url, self.model):
                 warning = absent_model_warning(self.model, await listed_models(client))
                 if warning is not None:
                     logger.warning(warning)
             self.done = True
-
-    def _first_in_run(self) -> bool:
-        """True, once per run, for this model at this base URL (always, outside a run)."""
-        key = (self.base_url, self.model)
-        if _checked and key in _checked[0]:
-            return False
-        if _checked:
-            _checked[0].add(key)
-        return True
 
 
 class ReplyBound:

@@ -15,9 +15,9 @@ from typing import Any
 
 from ragexam.config import Settings
 from ragexam.io.manifest import read_manifest, set_run_field, update_manifest
+from ragexam.io.runfolder import CONTROL_RUNS, RunFolder
 
 PER = 1_000_000  # prices are per million tokens
-CONTROL_FOLDERS = ("gold", "closed_book")  # `run --controls` writes these inside its folder
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,9 @@ def record_cost(out: Path, stage: str, settings: Settings) -> tuple[float | None
     priced = {"cost_usd": cost, "price": price.describe() if price else None}
     update_manifest(out, stage, {**record, **priced})
     record_total(out)
-    if out.name in CONTROL_FOLDERS and (out.parent / "manifest.json").exists():
-        record_total(out.parent)  # a control run's cost is part of its run's
+    parent = RunFolder(out).parent_run()
+    if parent is not None:
+        record_total(parent.path)  # a control run's cost is part of its run's
     return cost, price
 
 
@@ -115,7 +116,7 @@ class RunCost:
 def run_cost(out: Path) -> RunCost:
     """The cost of every stage recorded in OUT, then in OUT/gold and OUT/closed_book."""
     stages: dict[str, float | None] = {}
-    for folder, prefix in [(out, ""), *((out / name, f"{name}/") for name in CONTROL_FOLDERS)]:
+    for folder, prefix in [(out, ""), *((out / name, f"{name}/") for name in CONTROL_RUNS)]:
         recorded = read_manifest(folder).get("stages", {})
         for stage, entry in recorded.items() if isinstance(recorded, dict) else ():
             if isinstance(entry, dict) and "cost_usd" in entry:

@@ -7,6 +7,7 @@ from typing import Any
 from ragexam.config import Settings
 from ragexam.errors import ConfigError, RagexamError, RowError
 from ragexam.llm.client import LLM, describe
+from ragexam.llm.endpoint import EndpointMemory
 from ragexam.llm.prompts import Prompt, context_block, load_prompt
 from ragexam.rag.base import Hit, Question, RagSystem, rank_of
 from ragexam.rag.embedders import make_embedder
@@ -28,6 +29,7 @@ class BuiltinRag(RagSystem):
         *,
         trust: bool = False,
         max_chars: int = 8000,
+        memory: EndpointMemory | None = None,
     ) -> None:
         super().__init__(store, collection, k)
         embedder = make_embedder(settings.embedding, collection, settings, trust)
@@ -36,9 +38,8 @@ class BuiltinRag(RagSystem):
         self.max_chars = max_chars
         self.ready: dict[str, list[list[Hit]]] = {}  # hits of batches retrieved in advance
         self.prompt: Prompt = load_prompt("answer", settings.prompts_dir)
-        self.llm = LLM(
-            settings, settings.model_for("answer"), max_tokens=settings.max_tokens_for("answer")
-        )
+        bound = settings.max_tokens_for("answer")
+        self.llm = LLM(settings, settings.model_for("answer"), max_tokens=bound, memory=memory)
         self.model, self.prompt_hash = self.llm.model, self.prompt.hash
 
     async def prepare(self, batch: list[Question]) -> list[Any]:

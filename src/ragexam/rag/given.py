@@ -12,6 +12,7 @@ from typing import Any
 from ragexam.config import AnswerContext, Settings
 from ragexam.errors import RowError
 from ragexam.llm.client import LLM
+from ragexam.llm.endpoint import EndpointMemory
 from ragexam.llm.prompts import Prompt, context_block, load_prompt
 from ragexam.rag.base import Question, RagSystem
 from ragexam.store.chroma import StoreRef
@@ -31,11 +32,13 @@ class GivenContext(RagSystem):
         collection: Any,
         context: AnswerContext,
         max_chars: int,
+        *,
+        memory: EndpointMemory | None = None,
     ) -> None:
         super().__init__(store, collection, 0)
         self.context, self.max_chars = context, max_chars  # the source chunk is cut, as retrieved
         self.prompt: Prompt = load_prompt(PROMPTS[context], settings.prompts_dir)
-        self.llm = LLM(settings, settings.model_for("answer"))
+        self.llm = LLM(settings, settings.model_for("answer"), memory=memory)
         self.model, self.prompt_hash = self.llm.model, self.prompt.hash
 
     def fixed(self) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import pandas as pd
 
 from ragexam.analysis.summary import LOW_COMPLETENESS, LOW_CONCISENESS
 from ragexam.io.csvfile import unescape_cell
-from ragexam.io.manifest import input_file
+from ragexam.io.runfolder import RunFolder
 
 SHOWN_CHARS = 2000  # of a source chunk's text in the report; the CSV holds it all
 # Questions the drill-down holds at most (a 5,000-question report opens in under 2 s; a
@@ -66,11 +66,12 @@ def lowest_graded(questions: pd.DataFrame, limit: int) -> pd.DataFrame:
 def extra_columns(out: Path, questions: pd.DataFrame) -> pd.DataFrame:
     """The questions with what the drill-down adds: chunk id, retrieved ids and texts, reasoning."""
     ids = questions["qa_id"]
-    qa = _columns(input_file(out, "qa_dataset.csv", "qa_dataset"), ("chunk_id",), ids)
-    answers_path = input_file(out, "answers.csv", "answers")
+    folder = RunFolder(out)
+    qa = _columns(folder.exam(), ("chunk_id",), ids)
+    answers_path = folder.answers_read()
     wanted = ("retrieved_ids", "retrieved_texts", "source_text")
     answers = _columns(answers_path, wanted, ids)
-    judged = _columns(out / "judgments.csv", ("reasoning", "error"), ids)
+    judged = _columns(folder.judgments, ("reasoning", "error"), ids)
     return questions.assign(
         chunk_id=qa["chunk_id"].to_numpy(),
         **{name: answers[name].to_numpy() for name in wanted},

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -13,38 +12,22 @@ from typing import Any
 from ragexam.config import AnswerContext, Settings
 from ragexam.errors import ConfigError
 from ragexam.io.csvfile import read_rows
+from ragexam.io.runfolder import RunFolder
+from ragexam.options import DEFAULT_K, Given
 from ragexam.rag.base import Question, RagSystem
 from ragexam.rag.builtin import BuiltinRag
 from ragexam.rag.custom import CustomRag, rag_name, rag_object
 from ragexam.rag.given import GivenContext
-from ragexam.stages.generate import QA_FILE
-from ragexam.stages.runner import Progress, RunSettings, Stage, StageResult, Task, execute
+from ragexam.stages.runner import RunSettings, Stage, StageResult, Task, execute
+from ragexam.stages.session import Session
+from ragexam.stages.setup import identity, store_ref
 from ragexam.store.chroma import StoreRef, open_collection
 
-ANSWERS_FILE = "answers.csv"
 ANSWER_COLUMNS = ("answer", "retrieved_ids", "target_rank", "k", "rag", "context", "embedding")
 TEXT_COLUMNS = ("retrieved_texts", "source_text")  # what the answerer saw; off with --no-texts
 QA_REQUIRED = ("qa_id", "chunk_id", "question")
 BATCH = 64  # questions per embedding call and per Chroma query
 PREFETCH = 2  # batches retrieved ahead of the workers
-
-
-@dataclass(frozen=True)
-class AnswerOptions:
-    """What `ragexam answer` was asked to do."""
-
-    store: StoreRef | None
-    out: Path
-    qa_path: Path | None = None
-    k: int = 5
-    limit: int | None = None
-    rag: Any = None  # "module:callable", or (from the Python API) the callable itself
-    force: bool = False
-    context: AnswerContext = AnswerContext.retrieved
-    trust_store_endpoint: bool = False
-    rag_timeout: float | None = None  # seconds per call of a --rag callable [RAGEXAM_TIMEOUT]
-    max_chunk_chars: int = 8000  # each retrieved chunk is cut to this in the prompt
-    texts: bool = True  # record retrieved_texts and source_text in answers.csv
 
 
 def read_questions(path: Path) -> tuple[list[Question], int]:
@@ -60,61 +43,70 @@ def read_questions(path: Path) -> tuple[list[Question], int]:
     return questions, skipped
 
 
-def run_answer(
-    settings: Settings, options: AnswerOptions, progress: Progress | None = None
-) -> StageResult:
+def run_answer(settings: Settings, given: Given, session: Session) -> StageResult:
     """Write `answers.csv`; every input is checked before the first paid call."""
-    if options.rag is not None and options.context != AnswerContext.retrieved:
+    asked = given.answering
+    if asked.rag is not None and asked.context != AnswerContext.retrieved:
         raise ConfigError(
-            f"--context {options.context.value} needs the built-in answerer: a --rag system "
+            f"--context {asked.context.value} needs the built-in answerer: a --rag system "
             "cannot be handed a context; drop --rag, or use --context retrieved"
         )
-    questions, skipped = read_questions(options.qa_path or options.out / QA_FILE)
-    rag = rag_object(options.rag)  # first: it may open the store too
-    collection = _collection(options)
-    system = _system(settings, options, collection, rag)
-    system.text_chars = options.max_chunk_chars if options.texts else None
-    plan = AnswerPlan(system, list(islice(questions, options.limit)))
+    folder = RunFolder(given.out)
+    store = store_ref(given, settings, session) if needs_store(given) else None
+    exam = given.inputs.qa_dataset or folder.qa_dataset
+    questions, skipped = read_questions(exam)
+    rag = rag_object(asked.rag)  # before the store is opened: it may open the store too
+    collection = open_collection(store) if store is not None else None
+    if store is not None:
+        folder.claim(identity(store, collection))
+    system = _system(settings, given, store, collection, rag, session)
+    system.text_chars = given.store.max_chunk_chars if asked.texts else None
+    plan = AnswerPlan(system, list(islice(questions, given.calls.limit)))
     stage = Stage(
         "answer",
-        options.out / ANSWERS_FILE,
+        folder.answers,
         "qa_id",
-        ANSWER_COLUMNS + TEXT_COLUMNS if options.texts else ANSWER_COLUMNS,
+        ANSWER_COLUMNS + TEXT_COLUMNS if asked.texts else ANSWER_COLUMNS,
         system.model,
         system.prompt_hash,
         system.fixed(),
     )
-    record = {**plan.manifest(settings, options, collection), "skipped": skipped}
-    how = RunSettings(options.out, settings.concurrency, options.force, settings.redact)
-    outcome = execute(stage, plan, record, how, progress)
+    record = {
+        **plan.manifest(settings, store, collection),
+        "qa_dataset": str(exam.resolve()),
+        "skipped": skipped,
+    }
+    how = RunSettings(folder.path, settings.concurrency, given.calls.force, settings.redact)
+    outcome = execute(stage, plan, record, how, session)
     return StageResult(outcome, stage.path, skipped)
 
 
-def _collection(options: AnswerOptions) -> Any:
-    if options.store is None:
-        if options.rag is None and options.context != AnswerContext.none:
-            raise ConfigError("the built-in RAG chain needs --chroma PATH or --chroma-url URL")
-        return None
-    return open_collection(options.store)
+def needs_store(given: Given) -> bool:
+    """Whether answering opens the store: the built-in chain and gold context read it."""
+    asked = given.answering
+    builtin = asked.rag is None or asked.rag == ""
+    return given.store.given or (builtin and asked.context != AnswerContext.none)
 
 
-def _system(settings: Settings, options: AnswerOptions, collection: Any, rag: Any) -> RagSystem:
-    if options.rag is not None:
-        timeout = options.rag_timeout or settings.timeout
-        return CustomRag(rag, rag_name(options.rag), options.store, collection, options.k, timeout)
+def _system(
+    settings: Settings,
+    given: Given,
+    store: StoreRef | None,
+    collection: Any,
+    rag: Any,
+    session: Session,
+) -> RagSystem:
+    asked = given.answering
+    k = asked.k or DEFAULT_K
+    if asked.rag is not None:
+        timeout = asked.rag_timeout or settings.timeout
+        return CustomRag(rag, rag_name(asked.rag), store, collection, k, timeout)
     settings.api_key()
-    if options.context != AnswerContext.retrieved:
-        return GivenContext(
-            settings, options.store, collection, options.context, options.max_chunk_chars
-        )
-    return BuiltinRag(
-        settings,
-        options.store,
-        collection,
-        options.k,
-        trust=options.trust_store_endpoint,
-        max_chars=options.max_chunk_chars,
-    )
+    chars, memory = given.store.max_chunk_chars, session.endpoints
+    if asked.context != AnswerContext.retrieved:
+        return GivenContext(settings, store, collection, asked.context, chars, memory=memory)
+    trust = given.store.trust_store_endpoint
+    return BuiltinRag(settings, store, collection, k, trust=trust, max_chars=chars, memory=memory)
 
 
 class AnswerPlan:
@@ -172,15 +164,14 @@ class AnswerPlan:
         return await self.system.answer(task.payload)
 
     def manifest(
-        self, settings: Settings, options: AnswerOptions, collection: Any
+        self, settings: Settings, store: StoreRef | None, collection: Any
     ) -> dict[str, Any]:
         """What the answers depend on."""
         return {
             **self.system.describe(),
             **self.system.fixed(),
-            "store": options.store.describe() if options.store else None,
+            "store": store.describe() if store else None,
             "collection": collection.name if collection is not None else None,
-            "qa_dataset": str((options.qa_path or options.out / QA_FILE).resolve()),
             "settings": settings.public(),
         }
 

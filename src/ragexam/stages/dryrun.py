@@ -16,30 +16,26 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage
 
-from ragexam.analysis.controls import CONTROLS_FILE, Source, build_controls
+from ragexam.analysis.controls import Source, build_controls
 from ragexam.config import AnswerContext, Settings
 from ragexam.io.csvfile import read_rows
+from ragexam.io.runfolder import CONTROL_RUNS, RunFolder
 from ragexam.llm.pacing import estimate_tokens, text_tokens
 from ragexam.llm.prices import price_of
 from ragexam.llm.prompts import context_block, load_prompt
+from ragexam.options import DEFAULT_K, Given
 from ragexam.rag.base import Question
 from ragexam.rag.given import PROMPTS
-from ragexam.stages.answer import ANSWERS_FILE, AnswerOptions, read_questions
-from ragexam.stages.generate import QA_FILE, GenerateOptions, GeneratePlan, qa_id_for
-from ragexam.stages.judge import (
-    JUDGMENTS_FILE,
-    ControlPlan,
-    Exam,
-    JudgeOptions,
-    JudgePlan,
-    read_exams,
-)
+from ragexam.stages.answer import needs_store, read_questions
+from ragexam.stages.generate import GeneratePlan, qa_id_for
+from ragexam.stages.judge import ControlPlan, Exam, JudgePlan, inputs, read_exams
+from ragexam.stages.session import Session
+from ragexam.stages.setup import store_ref
 from ragexam.store.chroma import get_chunks, iter_chunks, open_collection, release
 
 # Tokens per reply when no earlier row says: a question and its answer; an answer; a grade.
 OUTPUT_TOKENS = {"generate": 60, "answer": 150, "judge": 80, "judge_controls": 80}
 BATCH = 500
-CONTROL_RUNS = (("gold", AnswerContext.gold), ("closed_book", AnswerContext.none))
 
 
 @dataclass(frozen=True)
@@ -95,11 +91,14 @@ def done_rows(
     return {row[key] for row in rows}, (output / calls if calls else None)
 
 
-def estimate_generate(settings: Settings, options: GenerateOptions) -> Estimate:
+def estimate_generate(settings: Settings, given: Given, session: Session) -> Estimate:
     """generate: one call per chunk still to do, except empty chunks."""
-    plan = GeneratePlan(settings, options, open_collection(options.store))
+    store = store_ref(given, settings, session)
+    plan = GeneratePlan(settings, given, store, open_collection(store), session)
     try:
-        done, per_call = done_rows(options.out / QA_FILE, plan.llm.model, plan.prompt.hash)
+        done, per_call = done_rows(
+            RunFolder(given.out).qa_dataset, plan.llm.model, plan.prompt.hash
+        )
         rows, tasks = plan.tasks(done)
         asked = [task for task in tasks if str(task.payload).strip()]
         prompts = [plan.messages(task) for task in asked]
@@ -111,31 +110,34 @@ def estimate_generate(settings: Settings, options: GenerateOptions) -> Estimate:
             prompts += [plan.critic.template.format_messages(**value) for value in values]
         return estimate("generate", plan.llm.model, rows, prompts, settings, per_call)
     finally:
-        release(options.store)
+        release(store)
 
 
-def estimate_answer(settings: Settings, options: AnswerOptions) -> Estimate:
+def estimate_answer(settings: Settings, given: Given, session: Session) -> Estimate:
     """answer: one call per question still to do, with k chunks of its source's size."""
-    questions, _ = read_questions(options.qa_path or options.out / QA_FILE)
-    questions = questions[: options.limit]
-    if options.rag is not None:  # ragexam itself calls nothing
-        return Estimate("answer", f"rag:{options.rag}", len(questions), 0, 0, 0, None)
-    collection = open_collection(options.store) if options.store is not None else None
+    exam = given.inputs.qa_dataset or RunFolder(given.out).qa_dataset
+    questions, _ = read_questions(exam)
+    questions = questions[: given.calls.limit]
+    if given.answering.rag is not None:  # ragexam itself calls nothing
+        return Estimate("answer", f"rag:{given.answering.rag}", len(questions), 0, 0, 0, None)
+    store = store_ref(given, settings, session) if needs_store(given) else None
+    collection = open_collection(store) if store is not None else None
     try:
-        return _answers(settings, options, questions, collection)
+        return _answers(settings, given, questions, collection)
     finally:
-        release(options.store)
+        release(store)
 
 
 def _answers(
-    settings: Settings, options: AnswerOptions, questions: list[Question], collection: Any
+    settings: Settings, given: Given, questions: list[Question], collection: Any
 ) -> Estimate:
     """The answer prompts of the questions not answered yet, in the options' context."""
-    model = settings.model_for("answer")
-    prompt = load_prompt(PROMPTS.get(options.context, "answer"), settings.prompts_dir)
-    done, per_call = done_rows(options.out / ANSWERS_FILE, model, prompt.hash)
+    model, context = settings.model_for("answer"), given.answering.context
+    prompt = load_prompt(PROMPTS.get(context, "answer"), settings.prompts_dir)
+    done, per_call = done_rows(RunFolder(given.out).answers, model, prompt.hash)
     pending = [question for question in questions if question.qa_id not in done]
-    copies = {AnswerContext.retrieved: options.k, AnswerContext.gold: 1}.get(options.context, 0)
+    k = given.answering.k or DEFAULT_K
+    copies = {AnswerContext.retrieved: k, AnswerContext.gold: 1}.get(context, 0)
     texts = list(_sources(collection, pending)) if copies else [""] * len(pending)
 
     def messages(question: Question, text: str) -> list[BaseMessage]:
@@ -156,66 +158,60 @@ def _sources(collection: Any, questions: list[Question]) -> Iterator[str]:
         yield from (texts.get(question.chunk_id, "") for question in batch)
 
 
-def estimate_judge(settings: Settings, options: JudgeOptions) -> list[Estimate]:
+def estimate_judge(settings: Settings, given: Given, session: Session) -> list[Estimate]:
     """judge: `samples` calls per answer still to grade, then per known-answer control."""
-    exams, _ = read_exams(
-        options.qa_path or options.out / QA_FILE, options.answers_path or options.out / ANSWERS_FILE
-    )
-    return _judge(settings, options, exams[: options.limit])
+    exams, _ = read_exams(*inputs(given))
+    return _judge(settings, given, exams[: given.calls.limit], session)
 
 
-def _judge(settings: Settings, options: JudgeOptions, exams: list[Exam]) -> list[Estimate]:
-    plan = JudgePlan(settings, options, exams)
-    graded = [_graded(plan, JUDGMENTS_FILE, "qa_id", "judge", settings)]
-    if not options.controls:
+def _judge(settings: Settings, given: Given, exams: list[Exam], session: Session) -> list[Estimate]:
+    folder = RunFolder(given.out)
+    plan = JudgePlan(settings, given, exams, session)
+    graded = [_graded(plan, folder.judgments, "qa_id", "judge", settings)]
+    if not given.grading.controls:
         return graded
     sources = [
         Source(exam.qa_id, exam.document, exam.question, exam.ground_truth)
         for exam in exams
         if exam.question is not None and exam.ground_truth is not None
     ]
-    controls = build_controls(sources, options.controls, options.seed)
-    plan = ControlPlan(settings, options, controls)
-    return [*graded, _graded(plan, CONTROLS_FILE, "control_id", "judge_controls", settings)]
+    controls = build_controls(sources, given.grading.controls, given.folder.seed)
+    plan = ControlPlan(settings, given, controls, session)
+    return [*graded, _graded(plan, folder.controls, "control_id", "judge_controls", settings)]
 
 
-def _graded(plan: JudgePlan, file: str, key: str, stage: str, settings: Settings) -> Estimate:
+def _graded(plan: JudgePlan, path: Path, key: str, stage: str, settings: Settings) -> Estimate:
     """`samples` calls for each task of a judge plan not done yet."""
-    done, per_call = done_rows(plan.options.out / file, plan.llm.model, plan.prompt.hash, key)
+    done, per_call = done_rows(path, plan.llm.model, plan.prompt.hash, key)
     rows, tasks = plan.tasks(done)
     graded = [task.payload for task in tasks if task.payload.question is not None]
-    prompts = (plan.messages(exam) for exam in graded for _ in range(plan.options.samples))
+    prompts = (plan.messages(exam) for exam in graded for _ in range(plan.samples))
     return estimate(stage, plan.llm.model, rows, prompts, settings, per_call)
 
 
-def estimate_run(
-    settings: Settings,
-    generate: GenerateOptions,
-    answer: AnswerOptions,
-    judge: JudgeOptions,
-    control_runs: bool = False,
-) -> list[Estimate]:
+def estimate_run(settings: Settings, given: Given, session: Session) -> list[Estimate]:
     """Every stage of `run`; answer and judge on stand-ins for texts that do not exist yet."""
-    first = estimate_generate(settings, generate)
-    collection = open_collection(generate.store)
+    first = estimate_generate(settings, given, session)
+    store = store_ref(given, settings, session)
+    collection = open_collection(store)
     try:
-        chunks = islice(iter_chunks(collection, generate.doc_key), generate.limit)
+        chunks = islice(iter_chunks(collection, given.exam.doc_key), given.calls.limit)
         kept = [chunk for chunk in chunks if chunk.text.strip()]
         half = _filler(OUTPUT_TOKENS["generate"] / 2)
         questions = [Question(qa_id_for(chunk.id), chunk.id, half) for chunk in kept]
-        second = _answers(settings, answer, questions, collection)
-        if answer.rag is not None:
-            second = Estimate("answer", f"rag:{answer.rag}", len(questions), 0, 0, 0, None)
+        second = _answers(settings, given, questions, collection)
+        if given.answering.rag is not None:
+            second = Estimate("answer", f"rag:{given.answering.rag}", len(questions), 0, 0, 0, None)
         reply, documents = _filler(OUTPUT_TOKENS["answer"]), {c.id: c.document for c in kept}
         exams = [Exam(q.qa_id, half, half, reply, documents[q.chunk_id]) for q in questions]
-        estimates = [first, second, *_judge(settings, judge, exams)]
-        for folder, context in CONTROL_RUNS if control_runs else ():
-            where = replace(answer, out=answer.out / folder, context=context)
+        estimates = [first, second, *_judge(settings, given, exams, session)]
+        for folder, context in CONTROL_RUNS.items() if given.grading.control_runs else ():
+            where = given.but(out=given.out / folder, context=context)
             estimates.append(_named(_answers(settings, where, questions, collection), folder))
-            graders = replace(judge, out=judge.out / folder, controls=0)
-            estimates += [_named(e, folder) for e in _judge(settings, graders, exams)]
+            graders = where.but(controls=0)
+            estimates += [_named(e, folder) for e in _judge(settings, graders, exams, session)]
     finally:
-        release(generate.store)
+        release(store)
     return estimates
 
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from itertools import islice
-from pathlib import Path
 from typing import Any
 
 from langchain_core.messages import BaseMessage
@@ -17,13 +15,16 @@ from ragexam.config import Settings
 from ragexam.errors import RowError
 from ragexam.io.csvfile import read_rows
 from ragexam.io.fingerprint import input_hash
+from ragexam.io.runfolder import RunFolder
 from ragexam.llm.client import LLM, Reply
 from ragexam.llm.prompts import Prompt, load_prompt
+from ragexam.options import Given
 from ragexam.stages.flags import Critique, cheap_flags, critic_flags, join_flags, normalise
-from ragexam.stages.runner import Progress, RunSettings, Stage, StageResult, Task, execute
+from ragexam.stages.runner import RunSettings, Stage, StageResult, Task, execute
+from ragexam.stages.session import Session
+from ragexam.stages.setup import identity, store_ref
 from ragexam.store.chroma import StoreRef, check_doc_key, iter_chunks, open_collection, release
 
-QA_FILE = "qa_dataset.csv"
 QA_COLUMNS = (
     "chunk_id",
     "document",
@@ -50,91 +51,90 @@ class QAPair(BaseModel):
         return value.strip()
 
 
-@dataclass(frozen=True)
-class GenerateOptions:
-    """What `ragexam generate` was asked to do."""
-
-    store: StoreRef
-    out: Path
-    limit: int | None = None
-    doc_key: str | None = None
-    max_chunk_chars: int = 8000
-    force: bool = False
-    sampling: Sampling = field(default_factory=Sampling)
-    check: bool = False
-
-
 def qa_id_for(chunk_id: str, index: int = 0) -> str:
     """A stable id for the index-th question written from a chunk."""
     return hashlib.blake2b(f"{chunk_id}\x1f{index}".encode(), digest_size=8).hexdigest()
 
 
-def run_generate(
-    settings: Settings, options: GenerateOptions, progress: Progress | None = None
-) -> StageResult:
+def run_generate(settings: Settings, given: Given, session: Session) -> StageResult:
     """Write `qa_dataset.csv` in the run folder; checks inputs before any paid call."""
     settings.api_key()
-    collection = open_collection(options.store)
-    check_resume(options.out, options.out / QA_FILE, options.sampling)
-    check_doc_key(collection, options.doc_key)
-    plan = GeneratePlan(settings, options, collection)
+    folder = RunFolder(given.out)
+    store = store_ref(given, settings, session)
+    collection = open_collection(store)
+    folder.claim(identity(store, collection))
+    sampling = sampling_of(given)
+    check_resume(folder.path, folder.qa_dataset, sampling)
+    check_doc_key(collection, given.exam.doc_key)
+    plan = GeneratePlan(settings, given, store, collection, session)
     stage = Stage(
-        "generate", options.out / QA_FILE, "qa_id", QA_COLUMNS, plan.llm.model, plan.prompt.hash
+        "generate", folder.qa_dataset, "qa_id", QA_COLUMNS, plan.llm.model, plan.prompt.hash
     )
-    how = RunSettings(options.out, settings.concurrency, options.force, settings.redact)
-    outcome = execute(stage, plan, plan.manifest(settings), how, progress)
+    how = RunSettings(folder.path, settings.concurrency, given.calls.force, settings.redact)
+    outcome = execute(stage, plan, plan.manifest(settings), how, session)
     return StageResult(outcome, stage.path)
+
+
+def sampling_of(given: Given) -> Sampling:
+    """How the options choose and split the chunks."""
+    exam = given.exam
+    return Sampling(exam.sample, exam.per_document, given.folder.seed, exam.validation)
 
 
 class GeneratePlan:
     """One question and answer per chunk, through the generate prompt."""
 
-    def __init__(self, settings: Settings, options: GenerateOptions, collection: Any) -> None:
-        self.options, self.collection = options, collection
+    def __init__(
+        self, settings: Settings, given: Given, store: StoreRef, collection: Any, session: Session
+    ) -> None:
+        self.store, self.collection = store, collection
+        self.out, self.limit, self.doc_key = given.out, given.calls.limit, given.exam.doc_key
+        self.max_chunk_chars, self.sampling = given.store.max_chunk_chars, sampling_of(given)
         self.prompt: Prompt = load_prompt("generate", settings.prompts_dir)
-        self.critic = load_prompt("critic", settings.prompts_dir) if options.check else None
+        self.critic = load_prompt("critic", settings.prompts_dir) if given.exam.check else None
         self.llm = LLM(
             settings,
             settings.model_for("generate"),
             max_tokens=settings.max_tokens_for("generate"),
+            memory=session.endpoints,
         )
         self.seen: set[str] = set()  # normalised questions written so far, for duplicates
 
     def tasks(self, done: set[str]) -> tuple[int, Iterator[Task]]:
         """The first --limit chunks (of the sample, if any), less those already done."""
-        path = self.options.out / QA_FILE
+        path = RunFolder(self.out).qa_dataset
         if path.exists():  # the runner kept only the ok rows: their questions came earlier
             self.seen = {normalise(row["question"]) for row in read_rows(path, ["question"])}
-        if self.options.sampling.active:
+        if self.sampling.active:
             return self._sampled(done)
         count = self.collection.count()
-        wanted = min(count, self.options.limit or count)
-        chunks = islice(iter_chunks(self.collection, self.options.doc_key), self.options.limit)
+        wanted = min(count, self.limit or count)
+        chunks = islice(iter_chunks(self.collection, self.doc_key), self.limit)
         left = max(wanted - len(done), 0)
-        return left, _tasks(chunks, done, self.options.max_chunk_chars)
+        return left, _tasks(chunks, done, self.max_chunk_chars)
 
     def _sampled(self, done: set[str]) -> tuple[int, Iterator[Task]]:
         """List the chunks without their texts, draw the sample and splits, then read the texts."""
-        sampling = self.options.sampling
+        sampling = self.sampling
         pairs = [
             (chunk.id, chunk.document)
-            for chunk in iter_chunks(self.collection, self.options.doc_key, texts=False)
+            for chunk in iter_chunks(self.collection, self.doc_key, texts=False)
         ]
         chosen = choose(pairs, sampling)
-        selected = [pair for pair in pairs if pair[0] in chosen][: self.options.limit]
+        selected = [pair for pair in pairs if pair[0] in chosen][: self.limit]
         splits = assign_splits(selected, sampling.split, sampling.seed) if sampling.split else {}
         wanted = {chunk_id for chunk_id, _ in selected}
-        chunks = (c for c in iter_chunks(self.collection, self.options.doc_key) if c.id in wanted)
+        chunks = (c for c in iter_chunks(self.collection, self.doc_key) if c.id in wanted)
         left = sum(qa_id_for(chunk_id) not in done for chunk_id in wanted)
-        return left, _tasks(chunks, done, self.options.max_chunk_chars, splits)
+        return left, _tasks(chunks, done, self.max_chunk_chars, splits)
 
     def inputs(self) -> Mapping[str, str]:
         """The input hash of every chunk this run wants: its text as sent, and its document."""
-        if self.options.sampling.active:
+        if self.sampling.active:
             tasks = self._sampled(set())[1]
         else:
-            chunks = islice(iter_chunks(self.collection, self.options.doc_key), self.options.limit)
-            tasks = _tasks(chunks, set(), self.options.max_chunk_chars)
+            chunks = islice(iter_chunks(self.collection, self.doc_key), self.limit)
+            tasks = _tasks(chunks, set(), self.max_chunk_chars)
         return {task.key: task.known["input_hash"] for task in tasks}
 
     async def work(self, task: Task) -> dict[str, Any]:
@@ -175,7 +175,7 @@ class GeneratePlan:
     async def aclose(self) -> None:
         """Close the model's connections and ragexam's client of the store."""
         await self.llm.aclose()
-        release(self.options.store)
+        release(self.store)
 
     def figures(self) -> dict[str, Any]:
         """Calls made, and the structured-output method that was used in the end."""
@@ -191,15 +191,15 @@ class GeneratePlan:
             "model": self.llm.model,
             "prompt": {"generate": self.prompt.hash}
             | ({"critic": self.critic.hash} if self.critic else {}),
-            "store": self.options.store.describe(),
+            "store": self.store.describe(),
             "collection": self.collection.name,
             "settings": settings.public(),
             "options": {
-                "limit": self.options.limit,
-                "doc_key": self.options.doc_key,
-                "max_chunk_chars": self.options.max_chunk_chars,
-                "sampling": self.options.sampling.record(),
-                "check": self.options.check,
+                "limit": self.limit,
+                "doc_key": self.doc_key,
+                "max_chunk_chars": self.max_chunk_chars,
+                "sampling": self.sampling.record(),
+                "check": self.critic is not None,
             },
         }
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -18,7 +17,6 @@ from pydantic import BaseModel, Field
 
 from ragexam.analysis.controls import (
     CONTROL_COLUMNS,
-    CONTROLS_FILE,
     KINDS,
     Control,
     Source,
@@ -27,24 +25,23 @@ from ragexam.analysis.controls import (
 )
 from ragexam.config import Scale, Settings, StructuredMethod
 from ragexam.errors import LLMError, RowError
-from ragexam.io.csvfile import gc_paused, read_columns
+from ragexam.io.csvfile import read_columns
 from ragexam.io.fingerprint import input_hash
-from ragexam.io.manifest import input_file, read_manifest
+from ragexam.io.manifest import read_manifest
+from ragexam.io.runfolder import RunFolder
 from ragexam.llm.client import LLM, Reply
 from ragexam.llm.prompts import Delimited, Prompt, load_prompt
-from ragexam.stages.answer import ANSWERS_FILE
-from ragexam.stages.generate import QA_FILE
+from ragexam.options import Given
 from ragexam.stages.runner import (
     Outcome,
-    Progress,
     RunSettings,
     Stage,
     StageResult,
     Task,
     execute,
 )
+from ragexam.stages.session import Session
 
-JUDGMENTS_FILE = "judgments.csv"
 JUDGE_COLUMNS = (
     "completeness",
     "conciseness",
@@ -53,9 +50,11 @@ JUDGE_COLUMNS = (
     "samples",
     "samples_valid",
     "scale",
+    "temperature",
     "reasoning",
     "sample_error",
 )
+ADDED = frozenset({"temperature"})  # recorded since 0.2: an older row's empty cell is no change
 REASONING = "Briefly: the ground truth's facts found or missing, and the answer's extra statements."
 
 
@@ -89,22 +88,6 @@ SCALES: dict[Scale, tuple[type[UnitGrade] | type[TenGrade], float, str]] = {
 }
 
 
-@dataclass(frozen=True)
-class JudgeOptions:
-    """What `ragexam judge` was asked to do."""
-
-    out: Path
-    qa_path: Path | None = None
-    answers_path: Path | None = None
-    limit: int | None = None
-    samples: int = 1
-    temperature: float | None = None
-    scale: Scale = Scale.unit
-    force: bool = False
-    controls: int = 10
-    seed: int = 0
-
-
 class Exam(NamedTuple):
     """One answered question: what the judge is shown.
 
@@ -126,8 +109,7 @@ class Exam(NamedTuple):
 
 def read_exams(qa_path: Path, answers_path: Path) -> tuple[list[Exam], int]:
     """Answered questions joined on qa_id, and the count of error answers skipped."""
-    with gc_paused():  # a large exam is many objects, none in a cycle
-        return _joined_files(qa_path, answers_path)  # its columns freed before the collector runs
+    return _joined_files(qa_path, answers_path)
 
 
 def _joined_files(qa_path: Path, answers_path: Path) -> tuple[list[Exam], int]:
@@ -160,37 +142,34 @@ def _joined(qa: Mapping[str, Sequence[str]], ids: list[str], replies: list[str])
     return list(map(Exam, ids, question, truth, replies, map(documents.__getitem__, rows)))
 
 
-def run_judge(
-    settings: Settings, options: JudgeOptions, progress: Progress | None = None
-) -> StageResult:
+def run_judge(settings: Settings, given: Given, session: Session) -> StageResult:
     """Write `judgments.csv`; inputs and key are checked before the first paid call."""
-    exams, skipped = _read_exams(options)
+    exams, skipped = read_exams(*inputs(given))
     settings.api_key()
-    options.out.mkdir(parents=True, exist_ok=True)
-    plan = JudgePlan(settings, options, exams[: options.limit])
-    stage = plan.stage("judge", JUDGMENTS_FILE, "qa_id", JUDGE_COLUMNS)
-    outcome = _execute(settings, options, plan, stage, {"skipped": skipped}, progress)
+    given.out.mkdir(parents=True, exist_ok=True)
+    plan = JudgePlan(settings, given, exams[: given.calls.limit], session)
+    stage = plan.stage("judge", RunFolder(given.out).judgments, "qa_id", JUDGE_COLUMNS)
+    outcome = _execute(settings, given, plan, stage, {"skipped": skipped}, session)
     return StageResult(outcome, stage.path, skipped)
 
 
-def run_controls(
-    settings: Settings, options: JudgeOptions, progress: Progress | None = None
-) -> StageResult:
-    """Write `judge_controls.csv`: known answers to `options.controls` of the exam's questions."""
-    exams, _ = _read_exams(options)
+def run_controls(settings: Settings, given: Given, session: Session) -> StageResult:
+    """Write `judge_controls.csv`: known answers to `--controls` of the exam's questions."""
+    exams, _ = read_exams(*inputs(given))
     sources = [
         Source(exam.qa_id, exam.document, exam.question, exam.ground_truth)
-        for exam in exams[: options.limit]
+        for exam in exams[: given.calls.limit]
         if exam.question is not None and exam.ground_truth is not None
     ]
-    controls = build_controls(sources, options.controls, options.seed)
+    count, seed = given.grading.controls, given.folder.seed
+    controls = build_controls(sources, count, seed)
     settings.api_key()
-    plan = ControlPlan(_exam_method(settings, options.out), options, controls)
+    plan = ControlPlan(_exam_method(settings, given.out), given, controls, session)
     columns = (*CONTROL_COLUMNS, *JUDGE_COLUMNS)
-    stage = plan.stage("judge_controls", CONTROLS_FILE, "control_id", columns)
+    stage = plan.stage("judge_controls", RunFolder(given.out).controls, "control_id", columns)
     keep_planned(stage.path, stage.all_columns(), controls)
-    record = {"controls": options.controls, "seed": options.seed, "rows": len(controls)}
-    outcome = _execute(settings, options, plan, stage, record, progress)
+    record = {"controls": count, "seed": seed, "rows": len(controls)}
+    outcome = _execute(settings, given, plan, stage, record, session)
     return StageResult(outcome, stage.path)
 
 
@@ -208,62 +187,69 @@ def _exam_method(settings: Settings, out: Path) -> Settings:
 INPUTS = ("qa_dataset", "answers")  # the manifest's names for the files judge reads
 
 
-def _inputs(options: JudgeOptions) -> tuple[Path, Path]:
+def inputs(given: Given) -> tuple[Path, Path]:
     """The exam (given, in the run folder, or where `answer` recorded it) and the answers."""
-    qa_path = options.qa_path or input_file(options.out, QA_FILE, "qa_dataset")
-    return qa_path, options.answers_path or options.out / ANSWERS_FILE
-
-
-def _read_exams(options: JudgeOptions) -> tuple[list[Exam], int]:
-    return read_exams(*_inputs(options))
+    folder = RunFolder(given.out)
+    return given.inputs.qa_dataset or folder.exam(), given.inputs.answers or folder.answers
 
 
 def _execute(
     settings: Settings,
-    options: JudgeOptions,
+    given: Given,
     plan: JudgePlan,
     stage: Stage,
     extra: dict[str, Any],
-    progress: Progress | None,
+    session: Session,
 ) -> Outcome:
     """Run the plan's rows into the stage's file, with the judge's manifest record."""
     record = {
         "model": plan.llm.model,
         "prompt": {"judge": plan.prompt.hash},
-        "scale": options.scale.value,
-        "samples": options.samples,
+        "scale": given.grading.scale.value,
+        "samples": given.grading.samples,
         "temperature": plan.temperature,
         **extra,
         "settings": settings.public(),
-        **{name: str(path.resolve()) for name, path in zip(INPUTS, _inputs(options), strict=True)},
+        **{name: str(path.resolve()) for name, path in zip(INPUTS, inputs(given), strict=True)},
     }
-    how = RunSettings(options.out, settings.concurrency, options.force, settings.redact)
-    return execute(stage, plan, record, how, progress)
+    how = RunSettings(given.out, settings.concurrency, given.calls.force, settings.redact)
+    return execute(stage, plan, record, how, session)
 
 
 class JudgePlan:
     """Grade every answered question, `samples` times each."""
 
-    def __init__(self, settings: Settings, options: JudgeOptions, exams: list[Exam]) -> None:
-        self.options, self.exams = options, exams
-        self.schema, self.divisor, self.scale_note = SCALES[options.scale]
-        default = 0.0 if options.samples == 1 else 0.7  # several samples need some variety
-        self.temperature = default if options.temperature is None else options.temperature
+    def __init__(
+        self, settings: Settings, given: Given, exams: list[Exam], session: Session
+    ) -> None:
+        self.exams, grading = exams, given.grading
+        self.samples, self.scale = grading.samples, grading.scale
+        self.schema, self.divisor, self.scale_note = SCALES[grading.scale]
+        default = 0.0 if grading.samples == 1 else 0.7  # several samples need some variety
+        self.temperature = default if grading.temperature is None else grading.temperature
         self.prompt: Prompt = load_prompt("judge", settings.prompts_dir)
         self.llm = LLM(
             settings,
             settings.model_for("judge"),
             temperature=self.temperature,
             max_tokens=settings.max_tokens_for("judge"),
+            memory=session.endpoints,
         )
 
-    def stage(self, name: str, file: str, key: str, columns: tuple[str, ...]) -> Stage:
-        """The output this plan writes, fingerprinted by its model and prompt."""
-        return Stage(name, self.options.out / file, key, columns, self.llm.model, self.prompt.hash)
+    def stage(self, name: str, path: Path, key: str, columns: tuple[str, ...]) -> Stage:
+        """The output this plan writes, fingerprinted by its model, prompt and grading."""
+        fixed = {
+            "scale": self.scale.value,
+            "samples": self.samples,
+            "temperature": self.temperature,
+        }
+        model, prompt = self.llm.model, self.prompt.hash
+        return Stage(name, path, key, columns, model, prompt, fixed, added=ADDED)
 
     def known(self) -> dict[str, Any]:
         """The columns every row of this plan has before its call."""
-        return {"samples": self.options.samples, "scale": self.options.scale.value}
+        known: dict[str, Any] = {"samples": self.samples, "scale": self.scale.value}
+        return {**known, "temperature": self.temperature}
 
     def tasks(self, done: set[str]) -> tuple[int, Iterator[Task]]:
         """The answers not yet judged."""
@@ -284,7 +270,7 @@ class JudgePlan:
         replies: list[Reply[Any]] = []
         failure: LLMError | None = None
         spent = [0, 0, 0]  # prompt and completion tokens, and attempts, of the failed samples
-        for _ in range(self.options.samples):
+        for _ in range(self.samples):
             try:
                 replies.append(await self.llm.structured(messages, self.schema))
             except LLMError as exc:
@@ -346,8 +332,10 @@ class JudgePlan:
 class ControlPlan(JudgePlan):
     """Grade the known-answer controls like the exam, and say whether each one passed."""
 
-    def __init__(self, settings: Settings, options: JudgeOptions, controls: list[Control]) -> None:
-        super().__init__(settings, options, [])
+    def __init__(
+        self, settings: Settings, given: Given, controls: list[Control], session: Session
+    ) -> None:
+        super().__init__(settings, given, [], session)
         self.controls = controls
 
     def tasks(self, done: set[str]) -> tuple[int, Iterator[Task]]:

@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ragexam.errors import (
     AuthError,
@@ -24,10 +24,12 @@ from ragexam.errors import (
 )
 from ragexam.io.csvfile import read_rows
 from ragexam.io.fingerprint import changed_inputs, stale_rows
-from ragexam.io.lock import run_folder_lock
 from ragexam.io.manifest import manifest_room, update_manifest
 from ragexam.io.rowlog import RowLog
 from ragexam.llm.pacing import Traffic
+
+if TYPE_CHECKING:
+    from ragexam.stages.session import Session
 
 # Columns the runner fills for every stage, after the stage's own.
 RUN_COLUMNS = (
@@ -66,6 +68,7 @@ class Stage:
     model: str
     prompt_hash: str
     fixed: Mapping[str, Any] = field(default_factory=dict)  # settings every row must share
+    added: frozenset[str] = frozenset()  # of those, the ones older versions did not record
 
     def all_columns(self) -> list[str]:
         """The output's columns: the key, the stage's own, then the runner's."""
@@ -305,17 +308,19 @@ class RunSettings:
 
 
 def execute(
-    stage: Stage,
-    plan: Plan,
-    record: dict[str, Any],
-    how: RunSettings,
-    progress: Progress | None = None,
+    stage: Stage, plan: Plan, record: dict[str, Any], how: RunSettings, session: Session
 ) -> Outcome:
     """Resume the stage's output, run what is left in one event loop, and keep the manifest.
 
-    The run folder is locked throughout: one writer at a time.
+    The run folder is locked throughout (one writer at a time), and the session's observer
+    is shown the rows as they land.
     """
-    with run_folder_lock(how.out), manifest_room(how.out):
+    label = stage.name.replace("_", " ")
+    with (
+        session.holding(how.out),
+        manifest_room(how.out),
+        session.observer.progress(label) as progress,
+    ):
         return _execute(stage, plan, record, how, progress)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from ragexam.errors import AuthError, RagexamError, StoreError
 from ragexam.store.deadline import DeadlineExceeded, call_with_deadline
-from ragexam.store.snapshot import existing_snapshot, snapshot_of
+from ragexam.store.snapshot import Snapshots
 from ragexam.urls import mask_url, parse_http_url
 
 DEFAULT_DOC_KEYS = ("source", "document", "doc_id", "file_path", "filename", "title")
@@ -41,6 +41,8 @@ class StoreRef:
     tenant: str | None = None  # a Chroma server's tenant and database; its defaults when None
     database: str | None = None
     token: str | None = field(default=None, repr=False)  # CHROMA_API_KEY; never shown
+    # The command's snapshots of persisted stores: its stages read one copy.
+    snapshots: Snapshots = field(default_factory=Snapshots, compare=False, repr=False)
 
     def describe(self) -> str:
         """A short human name for the store, for messages and the manifest."""
@@ -69,7 +71,7 @@ def open_client(ref: StoreRef) -> Any:
             raise _stalled(ref, "to a connection") from None
         except Exception as exc:
             raise _refused(ref, exc) from None
-    return TimedStore(_open_persistent(ref.path or Path(), ref.notify), ref)
+    return TimedStore(_open_persistent(ref.path or Path(), ref.notify, ref.snapshots), ref)
 
 
 def _connect(ref: StoreRef, host: str, port: int, ssl: bool) -> Any:
@@ -130,7 +132,7 @@ def _stalled(ref: StoreRef, what: str) -> StoreError:
     )
 
 
-def _open_persistent(path: Path, notify: Callable[[str], None] | None) -> Any:
+def _open_persistent(path: Path, notify: Callable[[str], None] | None, snapshots: Snapshots) -> Any:
     """A client of a private snapshot of the store: Chroma writes to any store it opens."""
     import chromadb
 
@@ -138,7 +140,7 @@ def _open_persistent(path: Path, notify: Callable[[str], None] | None) -> Any:
         raise StoreError(f"no Chroma store at {path}: the directory does not exist")
     if not (path / "chroma.sqlite3").is_file():
         raise StoreError(f"no Chroma store at {path}: it holds no chroma.sqlite3")
-    snapshot, fresh = snapshot_of(path)
+    snapshot, fresh = snapshots.of(path)
     if fresh and notify is not None:
         notify(snapshot.describe())
     try:
@@ -173,7 +175,7 @@ def release(ref: StoreRef | None) -> None:
     """Close ragexam's own client of a persisted store, so later code may open it its own way."""
     if ref is None or ref.path is None:
         return
-    opened = str(existing_snapshot(ref.path))
+    opened = str(ref.snapshots.existing(ref.path))
     system = _systems().get(opened)
     if system is not None and _is_ours(system.settings):
         _systems().pop(opened, None)

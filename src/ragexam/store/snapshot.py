@@ -3,7 +3,7 @@
 Chroma (1.x, its Rust core) has no read-only mode: opening a store rewrites `chroma.sqlite3`
 and index files, fails on a read-only mount, and even the refusal of an older store's format
 adds a table. So ragexam copies the store into a private temporary folder, once per process,
-and opens the copy; the user's store stays byte-identical. The copies go when the process ends.
+and opens the copy; the user's store stays byte-identical. The copies go when the command ends.
 """
 
 from __future__ import annotations
@@ -38,40 +38,48 @@ class Snapshot:
         )
 
 
-_snapshots: dict[Path, Snapshot] = {}
+class Snapshots:
+    """The snapshots one command made, by store: made once, reused by its stages, then removed."""
 
+    def __init__(self) -> None:
+        self._made: dict[Path, Snapshot] = {}
 
-def snapshot_of(store: Path) -> tuple[Snapshot, bool]:
-    """The process's snapshot of a store, and whether it was made just now.
+    def of(self, store: Path) -> tuple[Snapshot, bool]:
+        """The snapshot of a store, and whether it was made just now.
 
-    A snapshot is made again when the store's files changed since (size or mtime).
-    """
-    key, signature = store.resolve(), _signature(store)
-    if key in _snapshots:
-        if _snapshots[key].signature == signature:
-            return _snapshots[key], False
-        shutil.rmtree(_snapshots.pop(key).path.parent, ignore_errors=True)
-    started = time.monotonic()
-    root = Path(tempfile.mkdtemp(prefix="ragexam-store-"))
-    if not _snapshots:
-        atexit.register(remove_snapshots)
-    try:
-        size = _copy(store, root / "store")
-    except OSError as exc:
-        shutil.rmtree(root, ignore_errors=True)
-        raise StoreError(
-            f"cannot copy the Chroma store at {store} to read it safely: {exc.strerror}; "
-            "make room in the temporary folder (TMPDIR)"
-        ) from None
-    made = Snapshot(store, root / "store", size, time.monotonic() - started, signature)
-    _snapshots[key] = made
-    return made, True
+        A snapshot is made again when the store's files changed since (size or mtime).
+        """
+        key, signature = store.resolve(), _signature(store)
+        if key in self._made:
+            if self._made[key].signature == signature:
+                return self._made[key], False
+            shutil.rmtree(self._made.pop(key).path.parent, ignore_errors=True)
+        started = time.monotonic()
+        root = Path(tempfile.mkdtemp(prefix="ragexam-store-"))
+        if not self._made:
+            atexit.register(self.remove)  # a command that dies still leaves no copy behind
+        try:
+            size = _copy(store, root / "store")
+        except OSError as exc:
+            shutil.rmtree(root, ignore_errors=True)
+            raise StoreError(
+                f"cannot copy the Chroma store at {store} to read it safely: {exc.strerror}; "
+                "make room in the temporary folder (TMPDIR)"
+            ) from None
+        made = Snapshot(store, root / "store", size, time.monotonic() - started, signature)
+        self._made[key] = made
+        return made, True
 
+    def existing(self, store: Path) -> Path | None:
+        """Where the snapshot of a store is, if one was made."""
+        made = self._made.get(store.resolve())
+        return made.path if made is not None else None
 
-def existing_snapshot(store: Path) -> Path | None:
-    """Where this process's snapshot of a store is, if it made one."""
-    made = _snapshots.get(store.resolve())
-    return made.path if made is not None else None
+    def remove(self) -> None:
+        """Delete every snapshot made."""
+        while self._made:
+            _, made = self._made.popitem()
+            shutil.rmtree(made.path.parent, ignore_errors=True)
 
 
 def _signature(store: Path) -> frozenset[tuple[str, int, int]]:
@@ -92,10 +100,3 @@ def _copy(source: Path, target: Path) -> int:
             shutil.copyfile(Path(folder) / name, destination / name)  # contents, not modes
             size += (destination / name).stat().st_size
     return size
-
-
-def remove_snapshots() -> None:
-    """Delete every snapshot this process made."""
-    while _snapshots:
-        _, made = _snapshots.popitem()
-        shutil.rmtree(made.path.parent, ignore_errors=True)

@@ -1,0 +1,140 @@
+"""What the terminal is told as a command runs: the CLI's observer of the API's session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+
+from ragexam.cli.display import (
+    Starting,
+    cost_text,
+    progress_bar,
+    run_cost_line,
+    say,
+    show_estimates,
+    summary_line,
+)
+from ragexam.stages.session import Observer, Session
+
+if TYPE_CHECKING:
+    from ragexam.analysis.calibrate import Calibration
+    from ragexam.analysis.compare import CompareResult
+    from ragexam.analysis.summary import StatsResult
+    from ragexam.analysis.verdict import Verdict
+    from ragexam.llm.prices import Price, RunCost
+    from ragexam.stages.dryrun import Estimate
+    from ragexam.stages.runner import Progress, StageResult
+
+# What a stage's summary adds when it skipped rows that failed upstream.
+SKIPPED = {
+    "answer": "{} questions skipped: they are errors in the qa dataset",
+    "judge": "{} answers skipped: they are errors in the answers file",
+}
+
+
+class Printer(Observer):
+    """Draws each stage's bar, then its summary and cost; the tables of stats and compare."""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def progress(self, stage: str) -> AbstractContextManager[Progress | None]:
+        """A progress bar on stderr (plain lines when it is not a terminal)."""
+        return progress_bar(stage)
+
+    def note(self, text: str) -> None:
+        """Said once the stage's bar is gone."""
+        self.notes.append(text)
+
+    def say_notes(self) -> None:
+        """Say what was noted, once."""
+        while self.notes:
+            say(self.notes.pop(0))
+
+    def stage_done(
+        self, stage: str, result: StageResult, cost: float | None, price: Price | None
+    ) -> None:
+        """The stage's summary line and its cost."""
+        self.say_notes()
+        skipped = SKIPPED.get(stage, "").format(result.skipped) if result.skipped else None
+        summary_line(stage.replace("_", " "), result, skipped)
+        if price is None:
+            say("  cost: unknown: set RAGEXAM_PRICE_INPUT and RAGEXAM_PRICE_OUTPUT (USD/1M tokens)")
+        else:
+            say(f"  cost: {cost_text(cost)} ({price.short()})")
+
+    def estimates(self, estimates: list[Estimate]) -> None:
+        """What a dry run would call and cost."""
+        self.say_notes()
+        show_estimates(estimates)
+
+    def verdict(self, verdict: Verdict) -> None:
+        """The judge's known-answer controls, in one line."""
+        say(verdict.message())
+
+    def run_cost(self, cost: RunCost) -> None:
+        """What every stage of the run cost in all."""
+        say(run_cost_line(cost), wrap=True)
+
+    def stats(self, result: StatsResult) -> None:
+        """The worst documents as a table on stdout, then what qualifies them."""
+        from ragexam.report.controlcharts import control_line
+        from ragexam.report.terminal import terminal_table
+
+        self.say_notes()
+        Starting.clear()  # the table goes to stdout: no transient line may be drawn over it
+        Console().print(terminal_table(result))
+        if line := control_line(result.overall):
+            say(line)
+        if result.controls is not None:
+            say(result.controls.message())
+        if result.stale:
+            say(
+                f"Warning: {result.stale} grades were made from a question or answer that has "
+                "changed since; they count as pending: rerun judge"
+            )
+        say(f"report: {result.paths['report']}")
+
+    def compared(self, result: CompareResult) -> None:
+        """The paired differences as a table."""
+        from ragexam.report.terminal import comparison_table
+
+        Starting.clear()
+        for warning in result.warnings:
+            say(f"Warning: {warning}")
+        Console().print(comparison_table(result))
+        say(f"comparison: {result.path}")
+
+    def calibrated(self, result: Calibration) -> None:
+        """The judge against a person's labels, with its one-line reading."""
+        from ragexam.report.terminal import calibration_table
+
+        Starting.clear()
+        for note in result.notes:
+            say(f"Warning: {note}")
+        Console().print(calibration_table(result.table))
+        say(result.reading)
+        say(f"calibration: {result.path}")
+
+    def template(self, path: Path, count: int) -> None:
+        """Where the labels template is, and what to do with it."""
+        say(
+            f"labels template: {count} questions -> {path}; fill in completeness and/or "
+            f"conciseness from 0 to 1, then run: ragexam calibrate {path}"
+        )
+
+
+@contextmanager
+def printing_session(command: str) -> Iterator[Session]:
+    """A session whose observer prints, with a transient "starting" line until the first bar."""
+    printer = Printer()
+    session = Session(observer=printer)
+    try:
+        with Starting.show(command):
+            yield session
+    finally:
+        session.close()  # notes not yet said go unsaid: an error's one line says it all
