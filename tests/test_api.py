@@ -82,7 +82,7 @@ def test_run_inside_a_running_event_loop_with_a_runnable(env: FakeOpenAI, tmp_pa
 
 
 def test_run_refuses_an_option_no_stage_takes(env: FakeOpenAI, tmp_path: Path) -> None:
-    with pytest.raises(TypeError, match="sampels.*did you mean 'samples'"):
+    with pytest.raises(TypeError, match=r"sampels.*did you mean 'samples'"):
         ragexam.run(tmp_path, sampels=2)
 
 
