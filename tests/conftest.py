@@ -1,29 +1,19 @@
-"""Shared pytest fixtures for the ragexam test suite."""
+"""The suite's fixtures: the fake OpenAI server, a clean environment, a Chroma server."""
 
 from __future__ import annotations
 
 import os
-import signal
+import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import chromadb
 import pytest
-from chromadb.api.client import SharedSystemClient
-from click.testing import Result
-from langchain_chroma import Chroma
-from langchain_core.documents import Document
-from langchain_core.embeddings import DeterministicFakeEmbedding
 from openai_server import FakeOpenAI
-from typer.testing import CliRunner
-
-from ragexam.cli.app import app
-from ragexam.io.csvfile import scan
-from ragexam.io.rowlog import RowLog
+from support import build_store, docs, free_port
 
 # -- fake OpenAI server ---------------------------------------------------------------------------
 # A fresh server per test: it costs about a millisecond and no knob or request log can leak.
@@ -53,62 +43,34 @@ def env(fake_llm: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     return fake_llm
 
 
-def build_store(path: Path, docs: list[Document], collection: str = "handbook") -> Path:
-    """A persisted store made the way users make theirs: LangChain's Chroma.from_documents."""
-    Chroma.from_documents(
-        docs,
-        DeterministicFakeEmbedding(size=16),
-        persist_directory=str(path),
-        collection_name=collection,
-    )
-    SharedSystemClient.clear_system_cache()  # Chroma allows one client per path per process
-    return path
+SERVERS: dict[str, subprocess.Popen[bytes]] = {}  # the chroma_server processes, by URL
 
 
-def snapshot(path: Path) -> dict[str, Any]:
-    """Every collection and record of a store, to prove a command changed nothing."""
-    SharedSystemClient.clear_system_cache()  # drop the client the command under test opened
-    client = chromadb.PersistentClient(path=str(path))
-    state = {}
-    for collection in client.list_collections():
-        records = collection.get(include=["documents", "metadatas", "embeddings"])
-        state[collection.name] = (
-            records["ids"],
-            records["documents"],
-            records["metadatas"],
-            [list(map(float, vector)) for vector in records["embeddings"]],
-        )
-    SharedSystemClient.clear_system_cache()
-    return state
-
-
-def run_cli(*args: str) -> Result:
-    """Run `ragexam ARGS` in-process, the way a user runs it."""
-    return CliRunner().invoke(app, list(args))
-
-
-def read_csv(path: Path) -> list[dict[str, str]]:
-    """Rows of an output CSV as ragexam reads them back when it resumes (repairs a torn tail)."""
-    records, _ = scan(path.read_bytes())
-    return RowLog(path, records[0].fields).load()
-
-
-def kill_midway(args: list[str], output: Path, lines: int) -> None:
-    """Run `ragexam ARGS` in a process and SIGKILL it once `output` holds `lines` lines."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "ragexam.cli", *args],
+@pytest.fixture
+def chroma_server(tmp_path: Path) -> Iterator[str]:
+    """`chroma run` serving a store of 30 chunks; yields its URL."""
+    store = build_store(tmp_path / "served", docs(30))
+    port = free_port()
+    chroma = Path(sys.executable).with_name("chroma")
+    if not chroma.exists():
+        chroma = Path(shutil.which("chroma") or "chroma")
+    server = subprocess.Popen(
+        [str(chroma), "run", "--path", str(store), "--host", "127.0.0.1", "--port", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and _lines(output) < lines:
-        time.sleep(0.02)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
-
-
-def _lines(path: Path) -> int:
+    url = f"http://127.0.0.1:{port}"
+    SERVERS[url] = server
     try:
-        return path.read_bytes().count(b"\n")
-    except FileNotFoundError:
-        return 0
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"{url}/api/v2/heartbeat", timeout=1).read()
+                break
+            except OSError:
+                time.sleep(0.2)
+        yield url
+    finally:
+        SERVERS.pop(url, None)
+        server.terminate()
+        server.wait(timeout=10)

@@ -2,79 +2,28 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import chromadb
 import pytest
-from chromadb.api.client import SharedSystemClient
-from chromadb.utils.embedding_functions import OpenAIEmbeddingFunction
-from conftest import build_store, kill_midway, read_csv, run_cli, snapshot
 from openai_server import FakeOpenAI
-from test_generate import docs
+from support import (
+    N_CHUNKS,
+    build_store,
+    docs,
+    kill_midway,
+    make_store,
+    ranked_questions,
+    read_csv,
+    run_cli,
+    snapshot,
+    write_qa,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-N_CHUNKS = 12
-
-
-def axis(i: int, dim: int = N_CHUNKS) -> list[float]:
-    """Chunk i's vector: the i-th unit vector, so distances are set by the query's weights."""
-    return [1.0 if j == i else 0.0 for j in range(dim)]
-
-
-def make_store(path: Path, server: FakeOpenAI, duplicate_of: dict[int, int] | None = None) -> Path:
-    """A store whose persisted embedding function is OpenAI-compatible, at the fake server."""
-    client = chromadb.PersistentClient(str(path))
-    function = OpenAIEmbeddingFunction(
-        model_name="fake-embed", api_key_env_var="OPENAI_API_KEY", api_base=server.base_url
-    )
-    collection = client.create_collection("kbase", embedding_function=function)  # type: ignore[arg-type]
-    texts = [f"Chunk text number {i}." for i in range(N_CHUNKS)]
-    for copy, original in (duplicate_of or {}).items():
-        texts[copy] = texts[original]
-    collection.add(
-        ids=[f"c{i}" for i in range(N_CHUNKS)],
-        documents=texts,
-        embeddings=[axis(i) for i in range(N_CHUNKS)],
-        metadatas=[{"source": f"doc{i % 3}.md"} for i in range(N_CHUNKS)],
-    )
-    SharedSystemClient.clear_system_cache()
-    return path
-
-
-def write_qa(path: Path, rows: list[dict[str, str]]) -> Path:
-    """A hand-written qa_dataset.csv with the contract's columns."""
-    columns = [
-        "qa_id",
-        "chunk_id",
-        "document",
-        "question",
-        "ground_truth_answer",
-        "status",
-        "error",
-    ]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, columns)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow(
-                {"document": "d", "ground_truth_answer": "g", "status": "ok", "error": "", **row}
-            )
-    return path
-
-
-def ranked_questions(server: FakeOpenAI, orders: dict[str, list[int]]) -> None:
-    """Make question text q embed so that chunks come back in the order `orders[q]`."""
-    vectors = {q: [0.0] * N_CHUNKS for q in orders}
-    for question, order in orders.items():
-        for place, chunk in enumerate(order):
-            vectors[question][chunk] = 1.0 - place / (2 * N_CHUNKS)
-    server.embed = lambda text: vectors[text]
 
 
 def expected_rank(order: list[int], source: int, duplicates: set[int], k: int) -> int | None:

@@ -7,11 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import build_store
 from langchain_core.documents import Document
 from langchain_core.runnables import RunnableLambda
 from openai_server import FakeOpenAI
-from test_generate import docs
+from support import build_store, docs
 
 import ragexam
 

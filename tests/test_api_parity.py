@@ -11,11 +11,9 @@ from typing import Any
 
 import pytest
 import typer
-from conftest import build_store, run_cli
 from langchain_core.documents import Document
 from openai_server import FakeOpenAI, Faults
-from test_generate import docs
-from test_rate_limits import LIMIT, RATE, ROWS, WINDOW
+from support import LIMIT, RATE, ROWS, WINDOW, build_store, docs, run_cli
 
 import ragexam
 from ragexam.cli import app as cli

@@ -6,10 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import build_store, read_csv, run_cli
 from openai_server import FakeOpenAI
-from test_durability import questions, rag_module
-from test_generate import docs
+from support import build_store, docs, questions, rag_module, read_csv, run_cli
 
 HEADER = "qa_id,chunk_id,document,question,ground_truth_answer,status,error\n"
 GOOD = "q0,c0,d,Q0?,g0,ok,\nq1,c1,d,Q1?,g1,ok,\n"

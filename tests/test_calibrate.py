@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
 from judges import truthful
 from openai_server import FakeOpenAI
+from support import run_cli
 
 from ragexam.analysis.calibrate import agreement, quadratic_kappa, spearman_ci
 

@@ -18,9 +18,8 @@ from pathlib import Path
 import chromadb
 import pytest
 from chromadb.config import Settings
-from conftest import read_csv, run_cli
 from openai_server import FakeOpenAI
-from test_chroma_server import free_port
+from support import free_port, read_csv, run_cli
 
 TOKEN = "chroma-tok-3f9a1c77"
 PROVIDERS = "chromadb.auth.token_authn"

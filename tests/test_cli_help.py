@@ -7,10 +7,10 @@ import io
 from pathlib import Path
 
 import pytest
-from conftest import build_store, run_cli
 from langchain_core.documents import Document
 from openai_server import FakeOpenAI
 from rich.console import Console
+from support import build_store, run_cli
 
 from ragexam import __version__
 from ragexam.cli import display

@@ -2,49 +2,12 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import shutil
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
-
-from ragexam.io.csvfile import read_rows
-
-QA_HEADER = ["qa_id", "chunk_id", "document", "question", "ground_truth_answer", "status", "error"]
-ANSWER_HEADER = ["qa_id", "answer", "retrieved_ids", "target_rank", "status", "error"]
-JUDGE_HEADER = ["qa_id", "completeness", "conciseness", "status", "error"]
-# Twelve questions in each of two documents; completeness 0, 0.25 or 0.5 in run A.
-IDS = [f"{doc}{i}" for doc in "ab" for i in range(12)]
-BASE = {qa_id: (i % 3) * 0.25 for i, qa_id in enumerate(IDS)}
-
-
-def write_csv(path: Path, header: list[str], rows: list[list[object]]) -> None:
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(header)
-        writer.writerows(rows)
-
-
-def write_run(folder: Path, completeness: dict[str, float | None], extra: str = "") -> Path:
-    """A run with the contract's columns; a None score is a judge error row."""
-    folder.mkdir()
-    ids = [*IDS, extra] if extra else IDS
-    qa = [[qa_id, f"c-{qa_id}", f"doc {qa_id[0].upper()}", "q", "t", "ok", ""] for qa_id in ids]
-    write_csv(folder / "qa_dataset.csv", QA_HEADER, qa)
-    ranks = [[qa_id, "x", "[]", [1, 2, ""][len(qa_id) % 3], "ok", ""] for qa_id in ids]
-    write_csv(folder / "answers.csv", ANSWER_HEADER, ranks)
-    judged = [
-        [qa_id, "", "", "error", "bad JSON"] if score is None else [qa_id, score, 0.5, "ok", ""]
-        for qa_id, score in completeness.items()
-    ]
-    write_csv(folder / "judgments.csv", JUDGE_HEADER, judged)
-    return folder
-
-
-def rows(path: Path) -> dict[tuple[str, str], dict[str, str]]:
-    return {(row["document"], row["metric"]): row for row in read_rows(path, ["metric"])}
+from support import BASE, rows, run_cli, write_run
 
 
 def figures(row: dict[str, str]) -> list[float]:

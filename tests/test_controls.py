@@ -7,11 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import build_store, read_csv, run_cli
 from langchain_core.documents import Document
 from openai_server import FakeOpenAI
-from test_answer import write_qa
-from test_generate import docs
+from support import build_store, docs, read_csv, run_cli, write_qa
 from world import World
 
 from ragexam.analysis.controlruns import measured_diagnosis

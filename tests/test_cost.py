@@ -8,26 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import build_store, run_cli
 from langchain_core.documents import Document
 from openai_server import FakeOpenAI
-from test_generate import docs
-from test_judge import exam
+from support import build_store, docs, exam, gpt_like_tokens, run_cli
 
 # gpt-4o-mini's list price, USD per million tokens (OpenAI's pricing page).
 MINI_INPUT, MINI_OUTPUT = 0.15, 0.60
 ESTIMATE = re.compile(
     r"(\w+): (\d+) rows to do, (\d+) calls, ~([\d,]+) tokens in \+ ~([\d,]+) out, (\S+)"
 )
-
-
-def gpt_like_tokens(text: str) -> int:
-    """Bill as GPT tokenizers roughly do on English: each word, number or punctuation mark.
-
-    (GPT's pre-tokenizer splits text this way, and common English words are one token.)
-    The estimate under test counts characters and words instead, so it cannot just agree.
-    """
-    return max(1, len(re.findall(r"\w+|[^\w\s]", text)))
 
 
 def estimates(output: str) -> dict[str, dict[str, Any]]:

@@ -9,9 +9,8 @@ from pathlib import Path
 import ir_measures
 import numpy as np
 import pytest
-from conftest import run_cli
 from ir_measures import RR, R, Success, nDCG
-from test_stats import ANSWER_HEADER, JUDGE_HEADER, QA_HEADER, write_csv
+from support import ANSWER_HEADER, JUDGE_HEADER, QA_HEADER, run_cli, write_csv
 
 from ragexam.analysis.cutoffs import cutoff_columns, cutoffs_for
 from ragexam.io.csvfile import read_rows

@@ -13,28 +13,20 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import build_store, read_csv, run_cli
 from openai_server import FakeOpenAI
-from test_answer import make_store, ranked_questions, write_qa
-from test_generate import docs
+from support import (
+    N,
+    build_store,
+    docs,
+    make_store,
+    questions,
+    rag_module,
+    ranked_questions,
+    read_csv,
+    run_cli,
+)
 
 from ragexam.io.csvfile import read_rows
-
-N = 6
-
-
-def rag_module(folder: Path, name: str, answer: str) -> str:
-    """A --rag module in the working directory whose callable always gives `answer`."""
-    (folder / f"{name}.py").write_text(
-        f"def answer(question):\n    return {answer!r}, ['c0']\n", encoding="utf-8"
-    )
-    return f"{name}:answer"
-
-
-def questions(run: Path, n: int = N) -> Path:
-    """A hand-made exam of n questions."""
-    rows = [{"qa_id": f"q{i}", "chunk_id": f"c{i}", "question": f"Q{i}?"} for i in range(n)]
-    return write_qa(run / "qa_dataset.csv", rows)
 
 
 def test_a_redone_answer_stage_makes_judge_regrade_every_changed_answer(

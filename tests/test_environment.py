@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
-from conftest import build_store, run_cli
 from openai_server import FakeOpenAI, Faults
-from test_answer import make_store
-from test_durability import questions, rag_module
-from test_generate import docs
-
-
-def closed_port() -> int:
-    """A local port nothing listens on."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from support import build_store, closed_port, docs, make_store, questions, rag_module, run_cli
 
 
 def one_line_error(result: object, code: int, *words: str) -> None:

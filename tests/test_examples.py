@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import read_csv, run_cli
 from openai_server import FakeOpenAI
+from support import read_csv, run_cli
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

@@ -12,10 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import build_store, read_csv, run_cli
 from openai_server import FakeOpenAI
-from test_compare import BASE, write_run
-from test_generate import docs
+from support import BASE, build_store, docs, read_csv, run_cli, write_run
 
 # The crafted runs of test_compare: completeness (i % 3) * 0.25, so its mean is 0.25; of the
 # 24 questions only the 4 with three-character ids have their chunk at rank 1: hit rate 1/6.

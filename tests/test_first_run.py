@@ -10,11 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import build_store, read_csv, run_cli
 from langchain_core.documents import Document
 from openai_server import FakeOpenAI
-from test_answer import make_store, write_qa
-from test_generate import docs
+from support import build_store, docs, make_store, read_csv, run_cli, write_qa
 
 from ragexam.io.csvfile import read_rows
 

@@ -6,10 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import build_store, read_csv, run_cli
 from langchain_core.documents import Document
 from openai_server import JSON, FakeOpenAI, Reply
-from test_stats import ANSWER_HEADER, JUDGE_HEADER, write_csv
+from support import ANSWER_HEADER, JUDGE_HEADER, build_store, read_csv, run_cli, write_csv
 from world import section
 
 from ragexam.io.csvfile import read_rows

@@ -8,9 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import read_csv, run_cli
 from openai_server import FakeOpenAI
-from test_durability import questions, rag_module
+from support import questions, rag_module, read_csv, run_cli
 
 N = 80
 

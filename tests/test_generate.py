@@ -9,23 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import build_store, read_csv, run_cli
 from langchain_core.documents import Document
 from openai_server import FakeOpenAI, Faults, Reply
+from support import build_store, docs, read_csv, run_cli
 
 from ragexam.stages.generate import qa_id_for
-
-
-def docs(n: int, prefix: str = "Fact") -> list[Document]:
-    """n chunks over five source documents."""
-    return [
-        Document(
-            page_content=f"{prefix} {i}: widget {i} weighs {3 * i} grams.",
-            metadata={"source": f"doc{i % 5}.md", "n": i},
-            id=f"chunk-{i:04d}",
-        )
-        for i in range(n)
-    ]
 
 
 def test_one_ok_row_per_chunk_with_its_id_and_document(env: FakeOpenAI, tmp_path: Path) -> None:

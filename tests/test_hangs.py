@@ -11,11 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import read_csv, run_cli
+from conftest import SERVERS
 from openai_server import FakeOpenAI
-from test_answer import write_qa
-from test_chroma_server import SERVERS, chroma_server  # noqa: F401 - the fixture
-from test_durability import questions
+from support import questions, read_csv, run_cli, write_qa
 
 
 def test_a_chroma_server_that_never_answers_is_a_one_line_error(
@@ -111,7 +109,7 @@ def test_a_chroma_server_that_stalls_during_answer_is_a_one_line_error(
     env: FakeOpenAI,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    chroma_server: str,  # noqa: F811 - the imported fixture
+    chroma_server: str,
 ) -> None:
     monkeypatch.setenv("RAGEXAM_STORE_TIMEOUT", "2")
     env.embedding_dim = 16  # the served store's dimension

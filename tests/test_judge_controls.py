@@ -7,9 +7,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import kill_midway, read_csv, run_cli
 from judges import constant, lenient_about_padding, truthful
 from openai_server import FakeOpenAI
+from support import kill_midway, read_csv, run_cli
 from world import World
 
 from ragexam.analysis.controls import Bounds, Source, build_controls

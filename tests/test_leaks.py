@@ -6,12 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import build_store, run_cli
 from openai_server import FakeOpenAI
-from test_answer import make_store, ranked_questions
-from test_durability import questions
-from test_environment import closed_port
-from test_generate import docs
+from support import build_store, closed_port, docs, make_store, questions, ranked_questions, run_cli
 
 SECRET = "s3cr3t-Pa55"
 

@@ -19,9 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import build_store, read_csv, run_cli
 from openai_server import FakeOpenAI
-from test_generate import docs
+from support import build_store, docs, read_csv, run_cli
 
 GGUF = os.environ.get("RAGEXAM_TEST_GGUF", "")
 STARTUP_SECONDS = 300

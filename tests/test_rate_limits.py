@@ -8,15 +8,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import build_store, read_csv, run_cli
 from openai_server import FakeOpenAI, Faults
-from test_generate import docs
-
-# The server's limit, scaled down in time so a test takes seconds, not minutes: 60 calls per
-# 4 s is 900 calls a minute. Every claim below is a ratio to it, so the scale cancels out.
-LIMIT, WINDOW = 60, 4.0
-RATE = LIMIT / WINDOW  # calls per second
-ROWS = 400
+from support import LIMIT, RATE, ROWS, WINDOW, build_store, docs, read_csv, run_cli
 
 
 def chunk_of(text: str) -> str:

@@ -10,10 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import build_store, read_csv, run_cli
 from openai_server import FakeOpenAI, Quirks, Reply
-from test_generate import docs
-from test_judge import exam, grade, number
+from support import build_store, docs, exam, grade, number, read_csv, run_cli
 
 from ragexam.llm.endpoint import ReplyBound
 

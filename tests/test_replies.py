@@ -7,11 +7,8 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from conftest import build_store, read_csv, run_cli
 from openai_server import FakeOpenAI, Faults, Reply
-from test_answer import make_store, ranked_questions
-from test_durability import questions
-from test_generate import docs
+from support import build_store, docs, make_store, questions, ranked_questions, read_csv, run_cli
 
 BODIES = {
     "html": ("text/html", "<html><body>502 Bad Gateway</body></html>"),

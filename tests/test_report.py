@@ -3,70 +3,12 @@
 from __future__ import annotations
 
 import os
-import random
 import re
 import shutil
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
-from test_stats import write_csv
-
-CHROMIUM = Path("/usr/bin/chromium")
-# The flags this machine needs, and none that fetch anything.
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-HOSTILE = "<script>alert(1)</script>"
-HOSTILE_IMAGE = "<img src=x onerror=alert(2)>"
-# document -> (chance the source chunk is retrieved, completeness when it is, when it is not,
-# conciseness): one profile per diagnosis
-PROFILES = {
-    "handbook/remote-work-policy.md": (0.4, 0.7, 0.1, 0.8),
-    "handbook/expenses-and-travel.md": (0.95, 0.4, 0.2, 0.8),
-    "handbook/security/incident-response-runbook.md": (0.9, 0.9, 0.5, 0.3),
-    "handbook/onboarding.md": (0.95, 0.95, 0.5, 0.9),
-    "handbook/benefits/parental-leave.md": (0.85, 0.85, 0.3, 0.75),
-    "handbook/code-of-conduct.md": (0.6, 0.8, 0.2, 0.7),
-    HOSTILE: (0.5, 0.3, 0.0, 0.5),
-}
-
-
-def demo_run(folder: Path) -> Path:
-    """Seven documents, one per profile, with hostile text in a document, question and answer."""
-    rng = random.Random(11)
-    qa, answers, judgments = [], [], []
-    for number, (document, (hit, good, bad, concise)) in enumerate(PROFILES.items()):
-        for index in range(rng.randint(8, 30)):
-            qa_id = f"d{number}q{index}"
-            question = HOSTILE if document == HOSTILE else f"What does section {index} say?"
-            qa.append([qa_id, f"c{qa_id}", document, question, f"{HOSTILE_IMAGE} truth", "ok", ""])
-            rank = rng.randint(1, 5) if rng.random() < hit else ""
-            answer = f"{HOSTILE} answer" if document == HOSTILE else "It says so."
-            answers.append([qa_id, answer, "[]", rank, "ok", ""])
-            mean = good if rank else bad
-            score = [min(1, max(0, round(rng.gauss(m, 0.15), 1))) for m in (mean, concise)]
-            judgments.append([qa_id, *score, "ok", ""])
-    folder.mkdir()
-    common = ["status", "error"]
-    qa_header = ["qa_id", "chunk_id", "document", "question", "ground_truth_answer", *common]
-    write_csv(folder / "qa_dataset.csv", qa_header, qa)
-    write_csv(
-        folder / "answers.csv",
-        ["qa_id", "answer", "retrieved_ids", "target_rank", *common],
-        answers,
-    )
-    write_csv(
-        folder / "judgments.csv", ["qa_id", "completeness", "conciseness", *common], judgments
-    )
-    return folder
+from support import CHROMIUM, FLAGS, HOSTILE, HOSTILE_IMAGE, demo_run, run_cli
 
 
 @pytest.fixture

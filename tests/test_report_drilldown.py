@@ -11,9 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_cli
-from test_report import CHROMIUM, FLAGS, HOSTILE, demo_run
-from test_stats import write_csv
+from support import CHROMIUM, FLAGS, HOSTILE, demo_run, run_cli, write_csv
 
 DOCS = ("guide/alpha.md", "guide/beta.md", "guide/gamma.md")
 

@@ -7,10 +7,8 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from conftest import build_store, read_csv, run_cli
 from openai_server import FakeOpenAI
-from test_generate import docs
-from test_judge import exam
+from support import build_store, docs, exam, read_csv, run_cli
 
 
 def fingerprint(folder: Path) -> dict[str, str]:

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 import typer
-from conftest import build_store, read_csv, run_cli
 from openai_server import FakeOpenAI
-from test_generate import docs
+from support import build_store, docs, read_csv, run_cli
 
 import ragexam
 from ragexam.cli.app import app

@@ -8,10 +8,9 @@ from typing import Any
 
 import judges
 import pytest
-from conftest import build_store, run_cli
 from langchain_core.documents import Document
 from openai_server import FakeOpenAI
-from test_generate import docs
+from support import build_store, docs, run_cli
 
 # USD per million tokens: high, so the total is dollars and the screen shows it to the cent.
 PRICE_INPUT, PRICE_OUTPUT = 100.0, 400.0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import signal
 import sqlite3
@@ -14,9 +13,8 @@ from pathlib import Path
 import chromadb
 import pytest
 from chromadb.api.client import SharedSystemClient
-from conftest import build_store, kill_midway, read_csv, run_cli, snapshot
 from openai_server import FakeOpenAI, Recorded
-from test_generate import docs
+from support import build_store, docs, hashes, kill_midway, read_csv, run_cli, snapshot
 
 PLANTED = "sk-planted-4f9c2e7a1b3d5f6e8a9b0c1d2e3f4a5b"
 
@@ -207,22 +205,13 @@ def test_an_older_store_is_refused_not_migrated(env: FakeOpenAI, tmp_path: Path)
     with sqlite3.connect(store / "chroma.sqlite3") as db:  # look like an older Chroma's store
         newest = db.execute("SELECT max(version) FROM migrations WHERE dir = 'sysdb'").fetchone()
         db.execute("DELETE FROM migrations WHERE dir = 'sysdb' AND version = ?", newest)
-    before, files = _dump_without_chroma_bookkeeping(store), _hashes(store)
+    before, files = _dump_without_chroma_bookkeeping(store), hashes(store)
     result = run_cli("generate", "--chroma", str(store), "--out", "run")
     assert result.exit_code == 2
     assert "older Chroma" in one_line(result.output) and "copy" in result.output
     assert _dump_without_chroma_bookkeeping(store) == before  # no migration, no record changed
-    assert _hashes(store) == files  # not one byte: the refusal wrote no table either
+    assert hashes(store) == files  # not one byte: the refusal wrote no table either
     assert env.count() == 0
-
-
-def _hashes(folder: Path) -> dict[str, bytes]:
-    """Every file of a folder with its bytes' hash."""
-    return {
-        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).digest()
-        for path in sorted(folder.rglob("*"))
-        if path.is_file()
-    }
 
 
 def test_a_store_is_byte_identical_after_every_command_even_read_only(
@@ -230,7 +219,7 @@ def test_a_store_is_byte_identical_after_every_command_even_read_only(
 ) -> None:
     store = build_store(tmp_path / "store", docs(8))
     env.embedding_dim = 16
-    before = _hashes(store)
+    before = hashes(store)
     for path in [store, *store.rglob("*")]:
         path.chmod(path.stat().st_mode & ~0o222)  # chmod -R a-w
     try:
@@ -246,5 +235,5 @@ def test_a_store_is_byte_identical_after_every_command_even_read_only(
     finally:
         for path in [store, *store.rglob("*")]:
             path.chmod(path.stat().st_mode | 0o200)
-    assert _hashes(store) == before
+    assert hashes(store) == before
     assert len(read_csv(tmp_path / "run" / "answers.csv")) == 8

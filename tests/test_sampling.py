@@ -6,9 +6,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import build_store, read_csv, run_cli
 from langchain_core.documents import Document
 from openai_server import FakeOpenAI
+from support import build_store, read_csv, run_cli
 
 from ragexam.analysis.sampling import Sampling, allocate, assign_splits
 from ragexam.errors import ConfigError

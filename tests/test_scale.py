@@ -16,10 +16,9 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
-from conftest import read_csv, run_cli
 from langchain_core.messages import HumanMessage
 from openai_server import FakeOpenAI, Faults
-from test_judge import exam
+from support import exam, read_csv, run_cli
 
 from ragexam.config import load_settings
 from ragexam.errors import InputFileError, LLMError

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import random
@@ -10,14 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from support import ANSWER_HEADER, JUDGE_HEADER, QA_HEADER, run_cli, write_csv
 
 from ragexam.analysis.grouped import grouped_bootstrap_ci
 from ragexam.io.csvfile import read_rows
-
-QA_HEADER = ["qa_id", "chunk_id", "document", "question", "ground_truth_answer", "status", "error"]
-ANSWER_HEADER = ["qa_id", "answer", "retrieved_ids", "target_rank", "status", "error"]
-JUDGE_HEADER = ["qa_id", "completeness", "conciseness", "status", "error"]
 
 # qa_id -> document; "'=C" is how ragexam escapes the document name "=C" in a CSV.
 DOCUMENTS = {
@@ -36,14 +31,6 @@ RANKS |= {"d1": "", "d2": 2, "e1": 1, "f1": 1}
 SCORES = {"a1": (1.0, 0.8), "a2": (0.5, 0.6), "a3": (0.0, 1.0), "a5": None, "b2": (0.9, 0.2)}
 SCORES |= {"c1": (0.2, 0.4), "d1": (0.1, 0.9), "d2": (0.3, 0.9), "e1": (1.0, 1.0)}
 SCORES |= {"zz": (0.0, 0.0)}
-
-
-def write_csv(path: Path, header: list[str], rows: list[list[object]]) -> None:
-    """A hand-written CSV: the contract's columns only."""
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(header)
-        writer.writerows(rows)
 
 
 def crafted_run(folder: Path) -> Path:

@@ -5,10 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from conftest import build_store, read_csv, run_cli
 from openai_server import FakeOpenAI, Faults
-from test_cost import gpt_like_tokens
-from test_generate import docs
+from support import build_store, docs, gpt_like_tokens, read_csv, run_cli
 
 # The server's token limit, scaled down in time as in test_rate_limits.py: TOKENS prompt
 # tokens per WINDOW seconds is TOKENS * 60 / WINDOW a minute. Claims are ratios to it.

@@ -11,11 +11,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import build_store, read_csv, run_cli
 from openai_server import FakeOpenAI
-from test_durability import questions, rag_module
-from test_generate import docs
-from test_safety import _hashes as hashes
+from support import build_store, docs, hashes, questions, rag_module, read_csv, run_cli
 
 NOBODY = 65534
 AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
