@@ -2,12 +2,24 @@
 
 `BatchFaults` are the knobs of FakeOpenAI's Batch API (tests/batch_server.py runs it); the
 rest is pure: input validation as OpenAI reports it, error bodies, cursor pages, and the
-result lines of OpenAI's Batch API, to write results without a server.
+result lines of OpenAI's Batch API and of `vllm run-batch`, to write results without a server.
 
-OpenAI's result line: {"id": "batch_req_…", "custom_id", "response": {"status_code",
-"request_id": "req_…", "body"}, "error": null}. Successes go to output_file_id; HTTP failures
-go to error_file_id with the error object as the body; lines never run have "response": null,
-"error": {"code": "batch_expired" | "batch_cancelled", "message"}. Order is not promised.
+How `vllm run-batch` writes results, unlike OpenAI. Read in vllm-project/vllm:
+vllm/entrypoints/openai/run_batch.py (commits 0056ae7b and 53159ce0: `run_request`,
+`make_error_request_output`, `OrderedStreamingWriter`), vllm/entrypoints/openai/batch/
+protocol.py (479eabf2: `BatchRequestOutput`, `BatchResponseData`) and chat_completion/
+protocol.py (002032ee: `ChatCompletionResponse`, `ChatMessage`).
+
+- OpenAI: {"id": "batch_req_…", "custom_id", "response": {"status_code", "request_id":
+  "req_…", "body"}, "error": null}. Successes go to output_file_id; HTTP failures go to
+  error_file_id with the error object as the body; lines never run have "response": null,
+  "error": {"code": "batch_expired" | "batch_cancelled", "message"}. Order is not promised.
+- vLLM: one `-o` file for every line, in input order, written by pydantic `model_dump_json`
+  (compact separators, every optional field present as null). Ids are "vllm-<32 hex>" and
+  request ids "vllm-batch-<32 hex>". An HTTP failure has "body": null and the error in
+  "error" as {"error": {"message", "type", "param", "code": <HTTP status as int>}}; any
+  other failure is status_code 400 with "error" a plain string. A success's body carries
+  vLLM's extra fields (`vllm_body`). A line that fails validation aborts the whole run.
 """
 
 from __future__ import annotations
@@ -18,9 +30,10 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 JSON = dict[str, Any]
+Shape = Literal["openai", "vllm"]
 ENDPOINTS = ("/v1/chat/completions",)  # what the test server batches
 PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
 UNRUN = {  # why a line never ran, for the error file
@@ -202,18 +215,63 @@ def usage_object(prompt: int, completion: int) -> JSON:
 # -- result lines ---------------------------------------------------------------------------------
 
 
-def batch_output_line(custom_id: str, body: Any, *, status_code: int = 200, key: str = "") -> str:
-    """One result line as OpenAI's Batch API writes it; ids hash key and custom_id."""
+def batch_output_line(
+    custom_id: str, body: Any, *, status_code: int = 200, shape: Shape = "openai", key: str = ""
+) -> str:
+    """One result line as OpenAI's Batch API or `vllm run-batch` writes it; ids hash key."""
     seed = f"{key}:{custom_id}"
+    if shape == "vllm":
+        failed = status_code != 200
+        request_id = "vllm-batch-" + _hex("request:" + seed)
+        response = {"status_code": status_code, "request_id": request_id}
+        response["body"] = None if failed else body  # vLLM puts a failure's error in "error"
+        line = {"id": "vllm-" + _hex(seed), "custom_id": custom_id}
+        return _compact({**line, "response": response, "error": body if failed else None})
     response = {"status_code": status_code, "request_id": "req_" + _hex("request:" + seed)}
     line = {"id": "batch_req_" + _hex(seed), "custom_id": custom_id}
     return json.dumps({**line, "response": {**response, "body": body}, "error": None})
 
 
-def batch_error_line(custom_id: str, code: str, message: str, *, key: str = "") -> str:
-    """A line that failed outside HTTP (never run): OpenAI's {code, message}, no response."""
+def batch_error_line(
+    custom_id: str, code: str, message: str, *, shape: Shape = "openai", key: str = ""
+) -> str:
+    """A line that failed outside HTTP: OpenAI's {code, message}, or vLLM's 400 and message."""
+    if shape == "vllm":
+        line = json.loads(batch_output_line(custom_id, None, status_code=400, shape=shape, key=key))
+        return _compact({**line, "error": message})
     line = json.loads(batch_output_line(custom_id, None, key=key))
     return json.dumps({**line, "response": None, "error": {"code": code, "message": message}})
+
+
+def vllm_body(completion: JSON) -> JSON:
+    """A chat.completion as vLLM serialises it: every optional field it adds, as null."""
+    choices = [
+        {**_nulls(choice, _VLLM_CHOICE), "message": _nulls(choice["message"], _VLLM_MESSAGE)}
+        for choice in completion["choices"]
+    ]
+    usage = _nulls(completion["usage"], ("prompt_tokens_details",))
+    return {**_nulls(completion, _VLLM_RESPONSE), "choices": choices, "usage": usage}
+
+
+# The optional fields of vLLM's ChatMessage, ChatCompletionResponseChoice and
+# ChatCompletionResponse (chat_completion/protocol.py at 002032ee); an empty tool_calls is dropped.
+_VLLM_MESSAGE = ("annotations", "audio", "function_call", "reasoning")
+_VLLM_CHOICE = ("logprobs", "stop_reason", "token_ids", "routed_experts")
+_VLLM_RESPONSE = (
+    "service_tier",
+    "system_fingerprint",
+    "prompt_logprobs",
+    "prompt_token_ids",
+    "prompt_text",
+    "kv_transfer_params",
+    "ec_transfer_params",
+    "metrics",
+)
+
+
+def _nulls(value: JSON, names: Iterable[str]) -> JSON:
+    """value with each of names it lacks set to null."""
+    return {**value, **{name: None for name in names if name not in value}}
 
 
 def read_lines(text: str) -> list[JSON]:
@@ -224,6 +282,11 @@ def read_lines(text: str) -> list[JSON]:
 def jsonl(lines: Iterable[JSON]) -> bytes:
     """A JSONL file of lines."""
     return "".join(json.dumps(line) + "\n" for line in lines).encode()
+
+
+def _compact(value: Any) -> str:
+    """JSON as pydantic's model_dump_json writes it."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def _hex(text: str) -> str:

@@ -11,7 +11,14 @@ from typing import Any
 import judges
 import openai
 import pytest
-from batch_api import BatchFaults, jsonl, read_lines
+from batch_api import (
+    BatchFaults,
+    batch_error_line,
+    batch_output_line,
+    jsonl,
+    read_lines,
+    vllm_body,
+)
 from openai.types import Batch, FileObject
 from openai.types.chat import ChatCompletion
 from openai_server import FakeOpenAI, Faults, Reply
@@ -406,3 +413,31 @@ def test_stop_is_prompt_with_batches_running() -> None:
         stopping = time.monotonic()
     assert time.monotonic() - stopping < 1
     assert not [t for t in threading.enumerate() if t.name.startswith("batch_")]
+
+
+def test_result_line_helpers_write_both_shapes() -> None:
+    usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    message = {"role": "assistant", "content": "Hi", "refusal": None}
+    choice = {"index": 0, "message": message, "finish_reason": "stop"}
+    body = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m"}
+    body |= {"choices": [choice], "usage": usage}
+    openai_line = json.loads(batch_output_line("q1", body, key="b"))
+    assert openai_line["id"].startswith("batch_req_") and openai_line["error"] is None
+    assert openai_line["response"]["request_id"].startswith("req_")
+    assert openai_line["response"]["body"] == body
+    vllm = batch_output_line("q1", vllm_body(body), shape="vllm")
+    assert ", " not in vllm and re.match(r'\{"id":"vllm-[0-9a-f]{32}","custom_id":"q1"', vllm)
+    parsed = json.loads(vllm)
+    assert parsed["response"]["request_id"].startswith("vllm-batch-")
+    vllm_choice = parsed["response"]["body"]["choices"][0]
+    assert vllm_choice["stop_reason"] is None and vllm_choice["message"]["reasoning"] is None
+    assert parsed["response"]["body"]["usage"] == {**usage, "prompt_tokens_details": None}
+    ChatCompletion.model_validate(parsed["response"]["body"])
+    error = {"error": {"message": "bad", "type": "BadRequestError", "param": None, "code": 400}}
+    failed = json.loads(batch_output_line("q2", error, status_code=400, shape="vllm"))
+    assert failed["response"]["body"] is None and failed["error"] == error
+    unrun = json.loads(batch_error_line("q3", "batch_expired", "late"))
+    assert unrun["response"] is None
+    assert unrun["error"] == {"code": "batch_expired", "message": "late"}
+    raised = json.loads(batch_error_line("q3", "x", "stream mode", shape="vllm"))
+    assert raised["response"]["status_code"] == 400 and raised["error"] == "stream mode"
