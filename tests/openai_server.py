@@ -21,6 +21,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from math import ceil
 from typing import Any
 
+from batch_api import BatchFaults, BatchLine
+from batch_server import BatchServer
+
 JSON = dict[str, Any]
 MODEL = "fake-model"
 # A ```json fence, as chatty models write them and as prompts embed schemas.
@@ -103,6 +106,7 @@ class Recorded:
     fault: str | None = None
     at: float = field(default_factory=time.monotonic)  # when it arrived
     usage: dict[str, int] | None = None  # what a chat completion billed (its `usage`)
+    query: str = ""  # the URL's query string, without the "?"
 
 
 @dataclass
@@ -135,6 +139,8 @@ class FakeOpenAI:
         self.embed: Callable[[str], list[float]] | None = None
         self.count_tokens: Callable[[str], int] = _word_count  # how usage is billed
         self.requests: list[Recorded] = []
+        self.batch = BatchFaults()  # the Batch API's knobs, read as each batch moves on
+        self.batches = BatchServer(self)  # /v1/files and /v1/batches: tests/batch_server.py
         self._lock = threading.Lock()
         self._attempts: dict[str, int] = {}
         self._faulted: dict[str, int] = {}
@@ -171,6 +177,7 @@ class FakeOpenAI:
         if server is None:
             return
         self._stopping.set()
+        self.batches.stop()
         server.shutdown()
         server.server_close()
         with self._lock:
@@ -187,6 +194,15 @@ class FakeOpenAI:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    @property
+    def batch_requests(self) -> list[BatchLine]:
+        """Every batch line answered so far, apart from the sync `requests`."""
+        return self.batches.requests
+
+    def advance_batches(self, steps: int = 1) -> None:
+        """Move each unfinished batch on by `steps` steps (with `batch.manual`), and wait."""
+        self.batches.advance(steps)
+
     def count(self, path_suffix: str = "/chat/completions") -> int:
         """Number of requests received whose path ends with path_suffix."""
         with self._lock:
@@ -202,21 +218,25 @@ class FakeOpenAI:
             self._admitted.clear()
             self._billed.clear()
             self._bucket = None
+        self.batches.reset()
         self.faults = Faults()
         self.quirks = Quirks()
+        self.batch = BatchFaults()
         self.responder = None
         self.embed = None
         self.latency = 0.0
 
     # -- request handling (runs on handler threads) --------------------------------------------
 
-    def _respond(self, method: str, path: str, headers: dict[str, str], raw: bytes) -> _Out | None:
+    def _respond(
+        self, method: str, path: str, headers: dict[str, str], raw: bytes, query: str = ""
+    ) -> _Out | None:
         """Answer one request and record it; None means the server is stopping: send nothing."""
-        rec = Recorded(path=path, body=_parse_json(raw), headers=headers)
+        rec = Recorded(path=path, body=_parse_json(raw), headers=headers, query=query)
         with self._lock:
             (self.listings if method == "GET" else self.requests).append(rec)
         try:
-            out = self._route(method, rec)
+            out = self._route(method, rec, raw)
         except Exception as exc:  # a broken responder/embed should fail the test, not hang it
             out = _error(500, f"fake server crashed: {exc!r}")
         rec.status = out.status
@@ -225,7 +245,7 @@ class FakeOpenAI:
             self._stopping.wait(self.latency)
         return None if self._stopping.is_set() else out
 
-    def _route(self, method: str, rec: Recorded) -> _Out:
+    def _route(self, method: str, rec: Recorded, raw: bytes) -> _Out:
         token = rec.headers.get("authorization", "").removeprefix("Bearer ")
         if self.api_key is not None and token != self.api_key:
             # The key is echoed verbatim, as OpenAI does, so tests can check clients redact it.
@@ -236,17 +256,34 @@ class FakeOpenAI:
                 for name in self.quirks.models
             ]
             return _Out(200, {"object": "list", "data": cards})
+        if rec.path.startswith(("/v1/files", "/v1/batches")):
+            got = self.batches.route(method, rec, raw)
+            return _Out(got.status, got.payload, got.headers, got.raw)
         if method != "POST" or rec.path not in ("/v1/chat/completions", "/v1/embeddings"):
             return _error(404, f"Unknown request URL: {method} {rec.path}")
+        return self._call(rec)
+
+    def _call(self, rec: Recorded, *, batch: bool = False) -> _Out:
+        """Answer a chat or embeddings body: a sync request's, or a batch line's."""
         if not isinstance(rec.body, dict):
             return _error(400, "The request body is not a valid JSON object.")
         if rec.body.get("stream"):
             return _error(400, "streaming not supported by the test server")
         if rec.path == "/v1/chat/completions":
-            return self._chat(rec.body, rec)
+            return self._chat(rec.body, rec, batch=batch)
         return self._embeddings(rec.body, rec)
 
-    def _chat(self, body: JSON, rec: Recorded) -> _Out:
+    def answer_line(self, url: str, body: Any) -> tuple[Recorded, Any]:
+        """A batch line answered as a sync call to url would be: (its record, JSON or raw text)."""
+        rec = Recorded(path=url, body=body, headers={})
+        try:
+            out = self._call(rec, batch=True)
+        except Exception as exc:  # as in _respond: a broken responder fails the line
+            out = _error(500, f"fake server crashed: {exc!r}")
+        rec.status = out.status
+        return rec, out.payload if out.raw is None else out.raw.decode()
+
+    def _chat(self, body: JSON, rec: Recorded, *, batch: bool = False) -> _Out:
         status = self.quirks.json_schema_status
         if status is not None and (body.get("response_format") or {}).get("type") == "json_schema":
             return _error(status, self.quirks.json_schema_message)
@@ -256,7 +293,8 @@ class FakeOpenAI:
             kept = [m for m in body.get("messages") or [] if m.get("role") != "system"]
             body = {**body, "messages": kept}
         messages = body.get("messages") or []
-        failure = self._inject(rec, _messages_text(messages), _body_key(messages), chat=True)
+        text, key = _messages_text(messages), _body_key(messages)
+        failure = self._inject(rec, text, key, chat=True, batch=batch)
         if failure is not None:
             return failure
         raw = self.faults.raw_200_if(_messages_text(messages)) if self.faults.raw_200_if else None
@@ -302,16 +340,19 @@ class FakeOpenAI:
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         return _Out(200, {"object": "list", "data": data, "model": _model(body), "usage": usage})
 
-    def _inject(self, rec: Recorded, text: str, key: str, *, chat: bool) -> _Out | None:
+    def _inject(
+        self, rec: Recorded, text: str, key: str, *, chat: bool, batch: bool = False
+    ) -> _Out | None:
         """Set rec.fault and return the error reply it calls for; a hang only delays."""
         faults = self.faults
-        wait = self._window_wait() if chat and faults.rpm_limit else None
+        limited = chat and not batch  # a batch paces its own lines: the sync limits see none
+        wait = self._window_wait() if limited and faults.rpm_limit else None
         if wait is not None:
             return _refused(rec, "rpm_limit", wait, "requests")
-        wait = self._bucket_wait() if chat and faults.bucket_rate else None
+        wait = self._bucket_wait() if limited and faults.bucket_rate else None
         if wait is not None:
             return _refused(rec, "bucket_limit", wait, "requests")
-        wait = self._token_wait(self.count_tokens(text)) if chat and faults.tpm_limit else None
+        wait = self._token_wait(self.count_tokens(text)) if limited and faults.tpm_limit else None
         if wait is not None:
             return _refused(rec, "tpm_limit", wait, "tokens")
         status = faults.status_if(text) if faults.status_if else None
@@ -327,7 +368,7 @@ class FakeOpenAI:
             return _error(429, "Rate limit reached (injected).", headers=headers)
         if rec.fault == "500":
             return _error(500, "The server had an error (injected).")
-        if rec.fault == "hang":
+        if rec.fault == "hang" and not batch:  # no client waits on a batch line, so none times out
             self._stopping.wait(faults.hang_seconds)  # stop() sets the event: no long wait
         return None
 
@@ -432,6 +473,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._serve()
 
+    def do_DELETE(self) -> None:
+        self._serve()
+
     def log_message(self, format: str, *args: Any) -> None:
         pass  # keep pytest output clean; fake.requests is the log
 
@@ -439,7 +483,8 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         headers = {name.lower(): value for name, value in self.headers.items()}
-        out = self.fake._respond(self.command, self.path.split("?")[0], headers, raw)
+        path, _, query = self.path.partition("?")
+        out = self.fake._respond(self.command, path, headers, raw, query)
         if out is None:
             self.close_connection = True
             return
