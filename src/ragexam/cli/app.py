@@ -95,16 +95,15 @@ def _parameter(spec: Spec, slot: str, item: Any) -> inspect.Parameter:
     kind = shown.cli_type or typing.get_type_hints(SLOTS[slot])[item.name]
     text = escape(shown.help_by_command.get(spec.name, shown.help))  # "[x]" is not rich markup
     if shown.argument:
-        info: Any = typer.Argument(help=text, show_default=False)
+        info: Any = typer.Argument(help=text, show_default=False, metavar=item.name.upper())
     else:
         flag = shown.flag or "--" + item.name.replace("_", "-")
         extra: dict[str, Any] = {"min": shown.min, "max": shown.max}
         if kind is bool:
             extra = {"metavar": ""}  # no "<bool>": a flag takes no value
         info = typer.Option(flag, help=text, rich_help_panel=SLOTS[slot].PANEL, **extra)
-    return inspect.Parameter(
-        item.name, _KIND, default=item.default, annotation=Annotated[kind, info]
-    )
+    default = ... if shown.required else item.default  # ...: typer's "required"
+    return inspect.Parameter(item.name, _KIND, default=default, annotation=Annotated[kind, info])
 
 
 def build(spec: Spec, function: Callable[..., Any]) -> Callable[..., None]:
