@@ -62,6 +62,7 @@ def test_ragexam_help_lists_run_first() -> None:
     assert next(iter(typer.main.get_command(cli.app).commands)) == "run"  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 def test_rpm_paces_the_api_under_a_real_rate_limit(env: FakeOpenAI, tmp_path: Path) -> None:
     store = build_store(tmp_path / "store", docs(ROWS))
     env.latency = 1.0  # 15 calls in flight fill the limit exactly
