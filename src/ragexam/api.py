@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
-import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +38,7 @@ from ragexam.options import (
     STATS,
     Given,
     Spec,
+    hints,
     meta,
 )
 from ragexam.stages.session import Session, session_for
@@ -122,7 +122,7 @@ def signature(spec: Spec) -> inspect.Signature:
 
 def option_type(slot: str, name: str) -> Any:
     """An option's type, as the API takes it."""
-    return typing.get_type_hints(SLOTS[slot])[name]
+    return hints(SLOTS[slot])[name]
 
 
 def _in_own_loop(call: Callable[[], T]) -> T:

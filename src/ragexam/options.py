@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import os
 import typing
 import warnings
@@ -363,11 +364,17 @@ class Spec:
         return renamed
 
 
+@functools.cache
+def hints(group: type) -> dict[str, Any]:
+    """The types of a group's options, evaluated once (its annotations are strings)."""
+    return typing.get_type_hints(group)
+
+
 def _typed(group: type, name: str, value: Any) -> Any:
     """A value as its option's type holds it: a path for a str, an enum for its value."""
     if value is None or isinstance(value, bool):
         return value
-    kind = typing.get_type_hints(group)[name]
+    kind = hints(group)[name]
     for option in typing.get_args(kind) or (kind,):
         if option is Path and isinstance(value, str | os.PathLike):
             return Path(value)

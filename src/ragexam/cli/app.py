@@ -13,7 +13,6 @@ import inspect
 import signal
 import threading
 import traceback
-import typing
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +24,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from ragexam.config import debug_enabled
 from ragexam.errors import RagexamError
-from ragexam.options import COMMANDS, SLOTS, Deprecated, Spec, meta
+from ragexam.options import COMMANDS, SLOTS, Deprecated, Spec, hints, meta
 
 
 class Command(TyperCommand):
@@ -92,7 +91,7 @@ _KIND = inspect.Parameter.POSITIONAL_OR_KEYWORD
 def _parameter(spec: Spec, slot: str, item: Any) -> inspect.Parameter:
     """One option (or argument) as typer takes it: its type, flag, help, panel and bounds."""
     shown = meta(item)
-    kind = shown.cli_type or typing.get_type_hints(SLOTS[slot])[item.name]
+    kind = shown.cli_type or hints(SLOTS[slot])[item.name]
     text = escape(shown.help_by_command.get(spec.name, shown.help))  # "[x]" is not rich markup
     if shown.argument:
         info: Any = typer.Argument(help=text, show_default=False, metavar=item.name.upper())
