@@ -109,10 +109,14 @@ def build(spec: Spec, function: Callable[..., Any]) -> Callable[..., None]:
     """The command: parse, call the API function with a printing session, say what failed."""
 
     def command(**values: Any) -> None:
+        from ragexam.cli.collector import held_while_starting
         from ragexam.cli.printer import printing_session
 
-        with printing_session(spec.name) as session:
-            function(**{name: value for name, value in values.items()}, session=session)
+        with (
+            held_while_starting(spec.name) as collector,
+            printing_session(spec.name, collector) as session,
+        ):
+            function(**values, session=session)
 
     command.__name__ = spec.name
     command.__doc__ = HELP[spec.name]
