@@ -1,11 +1,12 @@
 """A world whose right answers are known: chunks state facts, and the fake models act on them.
 
 Each chunk is a record that states three facts, distinct tokens such as `fact2x3b`. Through
-FakeOpenAI's hooks, the exam writer asks which facts a record states; the answerer repeats
-the facts of the record that it finds in its context (or, closed-book, those it "knows");
-the judge grades by the share of facts in common; and the embedder sends each question to
-its record's chunk, or, for a document the retriever must always miss, as far from it as
-can be.
+FakeOpenAI's hooks, the exam writer asks which facts a record states (one key point per fact);
+the answerer repeats the facts of the record that it finds in its context (or, closed-book,
+those it "knows"; for a `forgetful` document only the first); the judge grades by the share
+of facts in common, or by key points gives each a verdict from the facts the answer states (and
+says whether the context it is shown holds them); and the embedder sends each question to its
+record's chunk, or, for a document the retriever must always miss, as far from it as can be.
 """
 
 from __future__ import annotations
@@ -33,11 +34,13 @@ def section(text: str, name: str) -> str:
 
 @dataclass
 class World:
-    """Documents of records; `missed` ones are never retrieved, `known` ones need no context."""
+    """Documents of records; `missed` ones are never retrieved, `known` ones need no context,
+    and the answers about `forgetful` ones state only their record's first fact."""
 
     documents: dict[str, int]
     missed: set[str] = field(default_factory=set)
     known: set[str] = field(default_factory=set)
+    forgetful: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.names = list(self.documents)
@@ -70,6 +73,10 @@ class World:
         """The ground truth of that question."""
         a, b, c = self.facts(d, i)
         return f"{a}, {b} and {c}."
+
+    def key_points(self, d: int, i: int) -> list[str]:
+        """The marking scheme of that question: one key point per fact."""
+        return [f"The record states {fact}." for fact in self.facts(d, i)]
 
     # -- the store and the embedder -----------------------------------------------------------
 
@@ -110,29 +117,48 @@ class World:
         if system.startswith("You write exam questions"):
             return self.write(user)
         if system.startswith("You answer questions using only the context"):
-            return Reply(content=self.answer(section(user, "question"), section(user, "context")))
+            question = section(user, "question")
+            return Reply(
+                content=self.answer(question, section(user, "context"), self.forgets(question))
+            )
         if system.startswith("You answer questions from what you already know"):
             return Reply(content=self.recall(section(user, "question")))
         if system.startswith("You are a strict, fair grader"):
             return Reply(content=grade(section(user, "ground_truth"), section(user, "answer")))
+        if system.startswith("You mark an answer against a marking scheme"):
+            return Reply(content=mark(user))
+        if system.startswith("You write the marking scheme"):
+            facts = FACT.findall(section(user, "ground_truth"))
+            points = [f"The record states {fact}." for fact in facts]
+            return Reply(content=json.dumps({"key_points": points}))
         return None
+
+    def forgets(self, question: str) -> bool:
+        """Whether the question is about a forgetful document."""
+        found = TAG.search(question)
+        return found is not None and self.names[int(found.group(1))] in self.forgetful
 
     def write(self, prompt: str) -> Reply:
         """The exam writer: the question and ground truth of the chunk's record."""
         found = TAG.search(section(prompt, "chunk"))
         assert found is not None, prompt
         d, i = int(found.group(1)), int(found.group(2))
-        return Reply(
-            content=json.dumps({"question": self.question(d, i), "answer": self.truth(d, i)})
-        )
+        written = {
+            "question": self.question(d, i),
+            "answer": self.truth(d, i),
+            "key_points": self.key_points(d, i),
+        }
+        return Reply(content=json.dumps(written))
 
     @staticmethod
-    def answer(question: str, context: str) -> str:
-        """Repeat the facts of the asked record's chunk, if the context holds it."""
+    def answer(question: str, context: str, forgetful: bool = False) -> str:
+        """Repeat the facts of the asked record's chunk (only the first, if forgetful), if the
+        context holds it."""
         found = TAG.search(question)
         for block in re.findall(r"<chunk[^>]*>(.*?)</chunk>", context, re.DOTALL):
             if found is not None and found.group(0) in block:
-                return ", ".join(FACT.findall(block)) + "."
+                facts = FACT.findall(block)
+                return ", ".join(facts[:1] if forgetful else facts) + "."
         return "The context does not contain the answer."
 
     def recall(self, question: str) -> str:
@@ -141,6 +167,33 @@ class World:
         if found is None or self.names[int(found.group(1))] not in self.known:
             return DONT_KNOW
         return ", ".join(self.facts(int(found.group(1)), int(found.group(2)))) + "."
+
+
+def mark(prompt: str) -> str:
+    """The judge by key points: present when the answer states the point's fact, the context
+    (when shown) read the same way; each fact the answer states is one statement, supported
+    when the ground truth states it too."""
+    answer, truth, context = section(prompt, "answer"), section(prompt, "ground_truth"), None
+    if "<context>" in prompt:
+        context = section(prompt, "context")
+    stated, wanted = FACT.findall(answer), set(FACT.findall(truth))
+    marks = []
+    for point in section(prompt, "key_points").strip().splitlines():
+        fact = FACT.search(point)
+        present = fact is not None and fact.group(0) in stated
+        mark: dict[str, Any] = {
+            "point": point,
+            "verdict": "present" if present else "absent",
+            "evidence": fact.group(0) if present and fact else "",
+        }
+        if context is not None:
+            mark["in_context"] = fact is not None and fact.group(0) in context
+        marks.append(mark)
+    statements = [
+        {"statement": fact, "verdict": "supported" if fact in wanted else "unsupported"}
+        for fact in stated
+    ]
+    return json.dumps({"key_points": marks, "answer_statements": statements})
 
 
 def grade(truth: str, answer: str) -> str:

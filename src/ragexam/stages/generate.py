@@ -1,4 +1,4 @@
-"""The generate stage: one question and ground-truth answer per chunk of the collection."""
+"""The generate stage: one question, its ground-truth answer and its key points per chunk."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 from langchain_core.messages import BaseMessage
 from pydantic import BaseModel, Field, field_validator
 
+from ragexam.analysis.keypoints import FEWEST, MOST, dump
 from ragexam.analysis.sampling import Sampling, assign_splits, check_resume, choose
 from ragexam.config import Settings
 from ragexam.errors import RowError
@@ -30,6 +31,7 @@ QA_COLUMNS = (
     "document",
     "question",
     "ground_truth_answer",
+    "key_points",
     "truncated",
     "chunk_chars",
     "split",
@@ -42,6 +44,11 @@ class QAPair(BaseModel):
 
     question: str = Field(min_length=1, description="A question that the chunk answers.")
     answer: str = Field(min_length=1, description="The correct, complete answer to it.")
+    key_points: list[str] = Field(
+        min_length=FEWEST,
+        max_length=MOST,
+        description="The answer's atomic facts, each one short statement, in its language.",
+    )
 
     @field_validator("question", "answer")
     @classmethod
@@ -49,6 +56,13 @@ class QAPair(BaseModel):
         if not value.strip():
             raise ValueError("must not be blank")
         return value.strip()
+
+    @field_validator("key_points")
+    @classmethod
+    def _points(cls, points: list[str]) -> list[str]:
+        if not all(point.strip() for point in points):
+            raise ValueError("a key point must not be blank")
+        return [point.strip() for point in points]
 
 
 def qa_id_for(chunk_id: str, index: int = 0) -> str:
@@ -154,6 +168,7 @@ class GeneratePlan:
         return {
             "question": question,
             "ground_truth_answer": truth,
+            "key_points": dump(reply.value.key_points),
             "flags": join_flags(flags),
             **cost,
         }
