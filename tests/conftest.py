@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from openai_server import FakeOpenAI
-from support import build_store, docs, free_port
+from support import SERVERS, build_store, docs, free_port
 
 # -- fake OpenAI server ---------------------------------------------------------------------------
 # A fresh server per test: it costs about a millisecond and no knob or request log can leak.
@@ -41,9 +41,6 @@ def env(fake_llm: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("RAGEXAM_RETRY_BACKOFF", "0.01")
     monkeypatch.setenv("RAGEXAM_TIMEOUT", "10")
     return fake_llm
-
-
-SERVERS: dict[str, subprocess.Popen[bytes]] = {}  # the chroma_server processes, by URL
 
 
 @pytest.fixture

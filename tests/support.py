@@ -32,6 +32,8 @@ from ragexam.io.rowlog import RowLog
 
 N_CHUNKS = 12
 
+SERVERS: dict[str, subprocess.Popen[bytes]] = {}  # conftest's chroma_server processes, by URL
+
 
 def axis(i: int, dim: int = N_CHUNKS) -> list[float]:
     """Chunk i's vector: the i-th unit vector, so distances are set by the query's weights."""

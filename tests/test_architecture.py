@@ -40,15 +40,38 @@ def test_no_module_is_in_an_import_circle() -> None:
 def test_no_module_imports_another_modules_private_name() -> None:
     borrowed = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        modules = _imported_modules(tree)  # names bound to one of ragexam's modules
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                borrowed.append(f"{path.relative_to(PACKAGE)}: a relative import")
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ragexam"):
-                private = [
-                    a.name for a in node.names if a.name.startswith("_") and a.name[1] != "_"
-                ]
+                private = [a.name for a in node.names if _private(a.name)]
                 borrowed += [
                     f"{path.relative_to(PACKAGE)}: {node.module}.{name}" for name in private
                 ]
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                value = node.value
+                if isinstance(value, ast.Name) and value.id in modules:
+                    borrowed.append(f"{path.relative_to(PACKAGE)}: {value.id}.{node.attr}")
     assert borrowed == []
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _imported_modules(tree: ast.Module) -> set[str]:
+    """The names a module binds to ragexam's modules (`from ragexam.report import page`)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.asname or a.name for a in node.names if a.name.startswith("ragexam")}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ragexam"):
+            for alias in node.names:
+                if (PACKAGE / Path(*node.module.split(".")[1:]) / f"{alias.name}.py").exists():
+                    names.add(alias.asname or alias.name)
+    return names
 
 
 def test_the_top_of_the_package_reads_as_a_handful_of_layers() -> None:

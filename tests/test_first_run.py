@@ -14,6 +14,7 @@ from langchain_core.documents import Document
 from openai_server import FakeOpenAI
 from support import build_store, docs, make_store, read_csv, run_cli, write_qa
 
+import ragexam
 from ragexam.io.csvfile import read_rows
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -46,6 +47,10 @@ def test_a_key_in_dotenv_serves_the_stored_embedding_function(
     forget(monkeypatch, "OPENAI_API_KEY", "OPENAI_BASE_URL")
     loaded = load_corpus(tmp_path / "chroma", "--embedding", "openai:text-embedding-3-small")
     assert loaded.returncode == 0, loaded.stderr
+    # The Python API too, which lends .env's key to Chroma and leaves the environment as it was.
+    ragexam.generate("chroma", out="api", limit=3)
+    assert ragexam.answer("chroma", out="api").figures["rows_ok"] == 3
+    assert "OPENAI_API_KEY" not in os.environ
     generated = run_cli("generate", "--chroma", "chroma", "--out", "run")
     assert generated.exit_code == 0, generated.output
     before = env.count("/embeddings")

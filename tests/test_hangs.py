@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SERVERS
 from openai_server import FakeOpenAI
-from support import questions, read_csv, run_cli, write_qa
+from support import SERVERS, questions, read_csv, run_cli, write_qa
 
 
 @pytest.mark.slow

@@ -59,6 +59,7 @@ def _wait_for(base_url: str, server: subprocess.Popen[bytes]) -> str:
     pytest.fail(f"llama_cpp.server did not start within {STARTUP_SECONDS}s")
 
 
+@pytest.mark.slow
 def test_ragexam_run_against_llama_cpp(
     env: FakeOpenAI, llama_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

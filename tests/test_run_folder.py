@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
 from openai_server import FakeOpenAI
 from support import build_store, docs, exam, read_csv, run_cli
+
+import ragexam
 
 
 def fingerprint(folder: Path) -> dict[str, str]:
@@ -96,3 +99,53 @@ def test_grades_from_before_temperature_was_recorded_are_kept(
     again = run_cli(*grade)
     assert again.exit_code == 0 and env.count() == calls, again.output
     assert "0 ok, 0 errors this run (3 done before)" in again.output
+    # Their temperature is the one the manifest recorded: a change is still refused by name,
+    hotter = run_cli(*grade, "--temperature", "0.9")
+    assert hotter.exit_code == 2 and "temperature" in hotter.output and env.count() == calls
+    # and the same one, given as the API's int 0, is the same setting.
+    same = ragexam.judge(out=tmp_path / "run", temperature=0, controls=0)
+    assert same.figures["rows_done_before"] == 3 and env.count() == calls
+
+
+def test_a_dry_run_refuses_and_counts_as_the_real_run_does(env: FakeOpenAI, tmp_path: Path) -> None:
+    exam(tmp_path / "run", 4)
+    grade = ("judge", "--out", "run", "--controls", "0")
+    assert run_cli(*grade).exit_code == 0
+    calls = env.count()
+    refused = run_cli(*grade, "--samples", "3", "--dry-run")
+    assert refused.exit_code == 2 and "samples" in refused.output, refused.output
+    forced = run_cli(*grade, "--samples", "3", "--dry-run", "--force")
+    assert forced.exit_code == 0 and "4 rows to do, 12 calls" in forced.output, forced.output
+    assert env.count() == calls
+
+
+def test_run_with_an_exam_estimates_no_generate(env: FakeOpenAI, tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", docs(6))
+    assert (
+        run_cli("generate", "--chroma", str(store), "--out", "exam", "--limit", "3").exit_code == 0
+    )
+    exam_file = str(tmp_path / "exam" / "qa_dataset.csv")
+    dry = ragexam.run(store, out="sat", qa_dataset=exam_file, rag=my_rag, dry_run=True)
+    stages = {estimate["stage"]: estimate["rows"] for estimate in dry.figures["estimates"]}
+    assert "generate" not in stages and stages["answer"] == 3, stages
+
+
+def my_rag(question: str) -> str:
+    """A RAG system that answers without retrieving."""
+    return "an answer"
+
+
+def test_a_folder_of_an_older_version_made_with_a_relative_path_is_its_store(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    build_store(tmp_path / "db", docs(3))
+    assert run_cli("generate", "--chroma", "db", "--out", "run").exit_code == 0
+    manifest = tmp_path / "run" / "manifest.json"
+    older = json.loads(manifest.read_text())
+    del older["exam"]  # as versions before identities wrote it: the store as typed, in generate's
+    older["stages"]["generate"]["store"] = "db"
+    manifest.write_text(json.dumps(older))
+    again = run_cli("generate", "--chroma", "db", "--out", "run")
+    assert again.exit_code == 0, again.output
+    other = build_store(tmp_path / "other", docs(3))
+    assert run_cli("generate", "--chroma", str(other), "--out", "run").exit_code == 2

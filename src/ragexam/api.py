@@ -324,7 +324,16 @@ def _run(given: Given, session: Session) -> Result:
 
         settings = settings_for(given, "generate", "answer", "judge")
         return _estimated(estimate_run(settings, given, session), session)
-    session.in_run = True
+    session.in_run = True  # the judge's verdict is said once, by stats
+    try:
+        with session.holding(given.out):  # one writer from the first stage to the last
+            return _whole(given, _stages(given, session), session)
+    finally:
+        session.in_run = False
+
+
+def _stages(given: Given, session: Session) -> dict[str, Result]:
+    """run's stages before stats: generate (unless given an exam), answer, judge, control runs."""
     results: dict[str, Result] = {}
     if given.inputs.qa_dataset is None:
         results["generate"] = _generate(given, session)
@@ -338,7 +347,7 @@ def _run(given: Given, session: Session) -> Result:
         results[f"answer_{name}"] = _answer(control, session)
         # graded like the exam, less the context: the control runs are the other reading
         results[f"judge_{name}"] = _judge(control.but(controls=0, with_context=False), session)
-    return _whole(given, results, session)
+    return results
 
 
 def _check_run(given: Given) -> None:

@@ -8,6 +8,8 @@ unmasked except to build the HTTP client.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
@@ -190,15 +192,42 @@ def export_env_file(env_file: Path = Path(".env")) -> None:
     Only the command line calls this: a process it starts is its own. A Python caller (a
     notebook) keeps its environment as it was, and sets what its libraries need itself.
     """
-    from dotenv import dotenv_values
-
-    if env_file.is_file():
-        for name, value in dotenv_values(env_file).items():
-            if value is not None:
-                os.environ.setdefault(name, value)
+    for name, value in _env_file_values(env_file).items():
+        if value is not None:
+            os.environ.setdefault(name, value)
     base_url = os.environ.get("OPENAI_BASE_URL")
     if not os.environ.get("OPENAI_API_KEY") and base_url:
         os.environ["OPENAI_API_KEY"] = "not-needed"  # a local server: libraries insist on one
+
+
+@contextmanager
+def env_file_lent(env_file: Path = Path(".env")) -> Iterator[None]:
+    """`.env`'s variables in the environment while a library that reads them there is set up
+    (Chroma rebuilding a stored embedding function from its key variable), then gone again.
+
+    The command line exports `.env` for the whole process (export_env_file); a Python caller's
+    environment is only lent these for the moment, never left changed.
+    """
+    values = _env_file_values(env_file)
+    lent = {name: value for name, value in values.items() if value and name not in os.environ}
+    os.environ.update(lent)
+    try:
+        yield
+    finally:
+        for name in lent:
+            os.environ.pop(name, None)
+
+
+def _env_file_values(env_file: Path) -> dict[str, str | None]:
+    """The variables `.env` sets, or a ConfigError that says why it cannot be read."""
+    from dotenv import dotenv_values
+
+    if not env_file.is_file():
+        return {}
+    try:
+        return dict(dotenv_values(env_file))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{env_file} cannot be read as a .env file: {exc}") from None
 
 
 def _first_error(exc: ValueError) -> str:

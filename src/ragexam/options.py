@@ -350,9 +350,14 @@ class Spec:
             raise TypeError(f"{self.name}() got an unexpected option {unknown[0]!r}{hint}")
         by_slot: dict[str, dict[str, Any]] = {}
         for name, value in values.items():
-            by_slot.setdefault(where[name], {})[name] = _typed(SLOTS[where[name]], name, value)
+            typed = _typed(SLOTS[where[name]], name, value)
+            by_slot.setdefault(where[name], {})[name] = _bounded(self.option(name), name, typed)
         groups = {slot: SLOTS[slot](**fields) for slot, fields in by_slot.items()}
         return Given(**groups)
+
+    def option(self, name: str) -> Meta:
+        """How the option `name` shows, bounds included."""
+        return next(meta(item) for _, item in self.fields() if item.name == name)
 
     def _renamed(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """The values with old spellings under their new names, each with its warning."""
@@ -367,7 +372,7 @@ class Spec:
                 renamed[alias.new] = alias.convert(value)
         split = renamed.get("split")
         if "validation" in names and split is not None and _is_share(split):
-            message = "--split F with a number is deprecated: use --validation F (validation=)"
+            message = "--split with a share (a number) is deprecated: use --validation"
             warnings.warn(message, Deprecated, stacklevel=4)
             renamed["validation"] = float(renamed.pop("split"))
         return renamed
@@ -393,6 +398,19 @@ def _typed(group: type, name: str, value: Any) -> Any:
             except ValueError:
                 choices = ", ".join(str(member.value) for member in option)
                 raise ConfigError(f"{name}={value!r} is not one of {choices}") from None
+    return value
+
+
+def _bounded(shown: Meta, name: str, value: Any) -> Any:
+    """The value, within the option's bounds (the API's as the command line's), or ConfigError."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return value
+    low = shown.min is not None and value < shown.min
+    if low or (shown.max is not None and value > shown.max):
+        bounds = [f">= {shown.min:g}" if shown.min is not None else ""]
+        bounds.append(f"<= {shown.max:g}" if shown.max is not None else "")
+        wanted = " and ".join(bound for bound in bounds if bound)
+        raise ConfigError(f"{_flag(name)} {value:g} is out of range: it must be {wanted}")
     return value
 
 

@@ -59,7 +59,8 @@ class StatsOptions:
 
 
 def run_stats(options: StatsOptions) -> StatsResult:
-    """Write summary_by_document.csv, summary.csv and report.html; no LLM call is made."""
+    """Compute the summary and write summary_by_document.csv and summary.csv (the API then
+    draws report.html from the result); no LLM call is made."""
     return _summarise_run(options)
 
 

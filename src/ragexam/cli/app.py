@@ -133,8 +133,8 @@ def handled(command: Callable[..., None]) -> Callable[..., None]:
         from ragexam.config import export_env_file
 
         show_warnings()
-        export_env_file()
         try:
+            export_env_file()
             with warnings.catch_warnings():
                 warnings.simplefilter("always", Deprecated)
                 warnings.showwarning = _say_warning

@@ -42,6 +42,9 @@ class Collector:
 def held_while_starting(command: str) -> Iterator[Collector]:
     """Hold the collector, load the command's libraries; on the way out, undo it all."""
     collector = Collector()
+    if command not in LIBRARIES:  # stats, compare, calibrate: nothing measured to gain
+        yield collector
+        return
     if gc.isenabled():
         gc.disable()
         collector.held = True

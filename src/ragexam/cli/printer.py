@@ -74,6 +74,8 @@ class Printer(Observer):
 
     def estimates(self, estimates: list[Estimate]) -> None:
         """What a dry run would call and cost."""
+        if self.collector is not None:
+            self.collector.release()
         self.say_notes()
         show_estimates(estimates)
 

@@ -44,8 +44,8 @@ class Stage(Protocol):
         """The settings every row shares."""
 
     @property
-    def added(self) -> frozenset[str]:
-        """Those of the fixed settings that rows of older versions leave empty."""
+    def legacy(self) -> Mapping[str, Any]:
+        """Fixed settings that rows of older versions leave empty, with what they were."""
 
 
 def changed_inputs(
@@ -82,10 +82,10 @@ def _fingerprint(stage: Stage, row: Mapping[str, Any] | None) -> dict[str, str]:
         mine = {"model": stage.model, "prompt": stage.prompt_hash}
         return mine | {name: _cell(value) for name, value in stage.fixed.items()}
     theirs = {"model": str(row.get("model") or ""), "prompt": str(row.get("prompt_hash") or "")}
-    for name, value in stage.fixed.items():
+    for name in stage.fixed:
         cell = str(row.get(name) or "")
-        # A setting older versions did not record was not changed by them: it is not a difference.
-        theirs[name] = _cell(value) if not cell and name in stage.added else cell
+        # An older row's empty cell is the setting it was made at, as its version recorded it.
+        theirs[name] = _cell(stage.legacy[name]) if not cell and name in stage.legacy else cell
     return theirs
 
 

@@ -66,10 +66,6 @@ class RunFolder:
         """Key points judge wrote for an exam without them: a control run uses its run's."""
         return (self.parent_run() or self).path / KEY_POINTS_FILE
 
-    def file(self, name: str) -> Path:
-        """Any other file of the folder, by name (report.html, calibration.csv...)."""
-        return self.path / name
-
     def control_run(self, name: str) -> RunFolder:
         """The folder of one control run (`gold`, `closed_book`)."""
         if name not in CONTROL_RUNS:
@@ -116,7 +112,7 @@ class RunFolder:
         stages = manifest.get("stages")
         generate = stages.get("generate") if isinstance(stages, dict) else None
         if isinstance(generate, dict) and generate.get("store") and generate.get("collection"):
-            return Identity(str(generate["store"]), str(generate["collection"]))
+            return Identity(_legacy_store(str(generate["store"])), str(generate["collection"]))
         return None  # a folder made before identities were recorded, or not yet used
 
     def check(self, identity: Identity) -> None:
@@ -130,9 +126,10 @@ class RunFolder:
             )
 
     def claim(self, identity: Identity) -> None:
-        """Check the identity, then record it if the folder had none."""
+        """Check the identity, then record it if the folder had none (a stage calls this when
+        every other input is checked, just before its rows: a refused stage records nothing)."""
         self.check(identity)
-        if self.identity() is None:
+        if "exam" not in read_manifest(self.path):
             self.make()
             exam = {"store": identity.store, "collection": identity.collection}
             set_run_field(self.path, "exam", exam)
@@ -146,3 +143,11 @@ class RunFolder:
                 self.path,
                 f"cannot be written as a run folder ({exc.strerror}); pass a writable --out",
             ) from None
+
+
+def _legacy_store(store: str) -> str:
+    """A store as versions before identities recorded it: the --chroma path as typed (the
+    quickstart's `examples/chroma`), made absolute from where ragexam runs now; a URL as it is."""
+    if "://" in store:
+        return store
+    return str(Path(store).resolve())

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import openai
 
-from ragexam.config import Settings
+from ragexam.config import Settings, env_file_lent
 from ragexam.errors import ConfigError, EndpointError, StoreError
 from ragexam.llm.client import describe
 from ragexam.rag.keys import check_key_destination
@@ -41,7 +41,8 @@ class CollectionEmbedder:
     """The embedding function Chroma stored with the collection."""
 
     def __init__(self, collection: Any, settings: Settings, trust: bool = False) -> None:
-        function = collection.configuration.get("embedding_function")
+        with env_file_lent():  # the function reads its key variable from the environment
+            function = collection.configuration.get("embedding_function")
         if function is None:
             raise ConfigError(
                 f"collection {collection.name!r} has no embedding function stored with it "

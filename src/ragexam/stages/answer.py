@@ -57,8 +57,9 @@ def run_answer(settings: Settings, given: Given, session: Session) -> StageResul
     questions, skipped = read_questions(exam)
     rag = rag_object(asked.rag)  # before the store is opened: it may open the store too
     collection = open_collection(store) if store is not None else None
-    if store is not None:
-        folder.claim(identity(store, collection))
+    exam_of = identity(store, collection) if store is not None else None
+    if exam_of is not None:
+        folder.check(exam_of)
     system = _system(settings, given, store, collection, rag, session)
     system.text_chars = given.store.max_chunk_chars if asked.texts else None
     plan = AnswerPlan(system, list(islice(questions, given.calls.limit)))
@@ -77,6 +78,8 @@ def run_answer(settings: Settings, given: Given, session: Session) -> StageResul
         "skipped": skipped,
     }
     how = RunSettings(folder.path, settings.concurrency, given.calls.force, settings.redact)
+    if exam_of is not None:
+        folder.claim(exam_of)
     outcome = execute(stage, plan, record, how, session)
     return StageResult(outcome, stage.path, skipped)
 

@@ -20,6 +20,7 @@ from ragexam.analysis.controls import build_controls
 from ragexam.analysis.keypoints import dump
 from ragexam.config import AnswerContext, Scale, Settings
 from ragexam.io.csvfile import read_rows
+from ragexam.io.fingerprint import stale_rows
 from ragexam.io.runfolder import CONTROL_RUNS, RunFolder
 from ragexam.llm.pacing import estimate_tokens, text_tokens
 from ragexam.llm.prices import price_of
@@ -97,6 +98,11 @@ def done_rows(
         if row["status"] == "ok"
         and (row.get("model"), row.get("prompt_hash")) == (model, prompt_hash)
     ]
+    return _done(rows, key)
+
+
+def _done(rows: list[dict[str, str]], key: str) -> tuple[set[str], float | None]:
+    """The keys of these done rows, and their output tokens per call."""
     calls = sum(int(row.get("attempts") or 0) for row in rows)
     output = sum(int(row.get("completion_tokens") or 0) for row in rows)
     return {row[key] for row in rows}, (output / calls if calls else None)
@@ -197,17 +203,34 @@ def stand_ins(exams: Exams) -> Exams:
 def _judge(settings: Settings, given: Given, exams: Exams, session: Session) -> list[Estimate]:
     folder = RunFolder(given.out)
     plan = JudgePlan(settings, given, exams.exams, session, exams.scale)
-    graded = [_graded(plan, folder.judgments, "qa_id", "judge", settings)]
+    force = given.calls.force
+    graded = [_graded(plan, folder.judgments, "qa_id", "judge", settings, force)]
     if not given.grading.controls:
         return graded
     controls = build_controls(sources_of(exams.exams), given.grading.controls, given.folder.seed)
     plan = ControlPlan(settings, given, controls, session, exams.scale)
-    return [*graded, _graded(plan, folder.controls, "control_id", "judge_controls", settings)]
+    controlled = _graded(plan, folder.controls, "control_id", "judge_controls", settings, force)
+    return [*graded, controlled]
 
 
-def _graded(plan: JudgePlan, path: Path, key: str, stage: str, settings: Settings) -> Estimate:
+def graded_rows(
+    plan: JudgePlan, path: Path, key: str, name: str, force: bool
+) -> tuple[set[str], float | None]:
+    """The grades a real run would keep: `ok`, of this model, prompt, scale, samples and
+    temperature; other grades are refused as the real run refuses them, or redone with force."""
+    if not path.exists():
+        return set(), None
+    stage = plan.stage(name, path, key, ())
+    ok = {row[key]: row for row in read_rows(path, [key, "status"]) if row["status"] == "ok"}
+    stale = set(stale_rows(stage, ok, force))
+    return _done([row for done, row in ok.items() if done not in stale], key)
+
+
+def _graded(
+    plan: JudgePlan, path: Path, key: str, stage: str, settings: Settings, force: bool
+) -> Estimate:
     """`samples` calls for each task of a judge plan not done yet."""
-    done, per_call = done_rows(path, plan.llm.model, plan.prompt.hash, key)
+    done, per_call = graded_rows(plan, path, key, stage, force)
     rows, tasks = plan.tasks(done)
     graded = [task.payload for task in tasks if task.payload.question is not None]
     prompts = (plan.messages(exam) for exam in graded for _ in range(plan.samples))
@@ -217,8 +240,10 @@ def _graded(plan: JudgePlan, path: Path, key: str, stage: str, settings: Setting
 
 
 def estimate_run(settings: Settings, given: Given, session: Session) -> list[Estimate]:
-    """Every stage of `run`; answer and judge on stand-ins for texts that do not exist yet."""
-    first = estimate_generate(settings, given, session)
+    """Every stage of `run`; answer and judge on stand-ins for texts that do not exist yet
+    (with --qa-dataset, no generate, and the answers to that exam's questions)."""
+    given_exam = given.inputs.qa_dataset
+    first = [] if given_exam else [estimate_generate(settings, given, session)]
     store = store_ref(given, settings, session)
     collection = open_collection(store)
     try:
@@ -226,15 +251,20 @@ def estimate_run(settings: Settings, given: Given, session: Session) -> list[Est
         kept = [chunk for chunk in chunks if chunk.text.strip()]
         half = _filler(OUTPUT_TOKENS["generate"] / 2)
         questions = [Question(qa_id_for(chunk.id), chunk.id, half) for chunk in kept]
+        if given_exam:
+            questions = read_questions(given_exam)[0][: given.calls.limit]
         second = _answers(settings, given, questions, collection)
         if given.answering.rag is not None:
             second = Estimate("answer", f"rag:{given.answering.rag}", len(questions), 0, 0, 0, None)
         reply, documents = _filler(OUTPUT_TOKENS["answer"]), {c.id: c.document for c in kept}
-        exams = [Exam(q.qa_id, half, half, reply, documents[q.chunk_id]) for q in questions]
+        exams = [
+            Exam(q.qa_id, q.text, q.ground_truth or half, reply, documents.get(q.chunk_id, ""))
+            for q in questions
+        ]
         # generate writes key points: the judge grades by them unless --scale says otherwise
         scale = given.grading.scale or Scale.key_points
         graded = stand_ins(Exams(exams, 0, scale, True))
-        estimates = [first, second, *_judge(settings, given, graded, session)]
+        estimates = [*first, second, *_judge(settings, given, graded, session)]
         for folder, context in CONTROL_RUNS.items() if given.grading.control_runs else ():
             where = given.but(out=given.out / folder, context=context)
             estimates.append(_named(_answers(settings, where, questions, collection), folder))

@@ -76,7 +76,8 @@ def run_generate(settings: Settings, given: Given, session: Session) -> StageRes
     folder = RunFolder(given.out)
     store = store_ref(given, settings, session)
     collection = open_collection(store)
-    folder.claim(identity(store, collection))
+    exam = identity(store, collection)
+    folder.check(exam)
     sampling = sampling_of(given)
     check_resume(folder.path, folder.qa_dataset, sampling)
     check_doc_key(collection, given.exam.doc_key)
@@ -85,6 +86,7 @@ def run_generate(settings: Settings, given: Given, session: Session) -> StageRes
         "generate", folder.qa_dataset, "qa_id", QA_COLUMNS, plan.llm.model, plan.prompt.hash
     )
     how = RunSettings(folder.path, settings.concurrency, given.calls.force, settings.redact)
+    folder.claim(exam)
     outcome = execute(stage, plan, plan.manifest(settings), how, session)
     return StageResult(outcome, stage.path)
 

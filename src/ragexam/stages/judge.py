@@ -63,7 +63,6 @@ JUDGE_COLUMNS = (
 )
 # Recorded since 0.2 (temperature) and since key points (with_context): an older row's empty
 # cell is no change; its input hash still tells a grade made without the context apart.
-ADDED = frozenset({"temperature", "with_context"})
 
 
 def run_judge(settings: Settings, given: Given, session: Session, exams: Exams) -> StageResult:
@@ -152,7 +151,8 @@ class JudgePlan:
         self.with_context = grading.with_context
         self.grader = grader_for(scale, grading.with_context, settings.prompts_dir)
         default = 0.0 if grading.samples == 1 else 0.7  # several samples need some variety
-        self.temperature = default if grading.temperature is None else grading.temperature
+        chosen = default if grading.temperature is None else grading.temperature
+        self.temperature = float(chosen)  # 0 and 0.0 are one setting, as a row records it
         self.prompt: Prompt = self.grader.prompt
         self.llm = LLM(
             settings,
@@ -171,7 +171,17 @@ class JudgePlan:
             "with_context": self.with_context,
         }
         model, prompt = self.llm.model, self.prompt.hash
-        return Stage(name, path, key, columns, model, prompt, fixed, added=ADDED)
+        legacy = {"temperature": self._recorded_temperature(path.parent, name)}
+        legacy["with_context"] = False  # versions before it graded without the context
+        return Stage(name, path, key, columns, model, prompt, fixed, legacy=legacy)
+
+    def _recorded_temperature(self, out: Path, stage: str) -> float:
+        """The temperature older rows, which did not record it, were graded at: the one the
+        stage's manifest recorded, else the default of their time."""
+        recorded = read_manifest(out).get("stages", {}).get(stage, {}).get("temperature")
+        if isinstance(recorded, int | float) and not isinstance(recorded, bool):
+            return float(recorded)
+        return 0.0 if self.samples == 1 else 0.7
 
     def known(self) -> dict[str, Any]:
         """The columns every row of this plan has before its call."""

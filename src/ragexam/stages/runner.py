@@ -68,7 +68,8 @@ class Stage:
     model: str
     prompt_hash: str
     fixed: Mapping[str, Any] = field(default_factory=dict)  # settings every row must share
-    added: frozenset[str] = frozenset()  # of those, the ones older versions did not record
+    # Of those, the ones older versions did not record, with the value their rows were made at.
+    legacy: Mapping[str, Any] = field(default_factory=dict)
 
     def all_columns(self) -> list[str]:
         """The output's columns: the key, the stage's own, then the runner's."""

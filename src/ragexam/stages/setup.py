@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ragexam.config import Settings, Stage, load_settings
 from ragexam.errors import ConfigError
 from ragexam.io.runfolder import Identity
 from ragexam.options import Given
 from ragexam.stages.session import Session
-from ragexam.store.chroma import StoreRef
+from ragexam.store.chroma import DEFAULT_DATABASE, DEFAULT_TENANT, StoreRef
 
 
 def settings_for(given: Given, *stages: Stage) -> Settings:
@@ -56,8 +57,13 @@ def store_ref(given: Given, settings: Settings, session: Session) -> StoreRef:
 
 
 def identity(ref: StoreRef, collection: Any) -> Identity:
-    """The store and collection as a run folder records them: a folder's absolute path."""
-    where = str(ref.path.resolve()) if ref.path is not None else ref.describe()
-    if ref.url is not None and (ref.tenant or ref.database):
-        where += f" (tenant {ref.tenant or 'default'}, database {ref.database or 'default'})"
+    """The store and collection as a run folder records them: a folder's absolute path, or a
+    server's address (scheme, host, port) with its tenant and database, defaults named."""
+    if ref.path is not None:
+        return Identity(str(ref.path.resolve()), str(collection.name))
+    parts = urlsplit(ref.url or "")
+    host = "127.0.0.1" if parts.hostname == "localhost" else (parts.hostname or "")
+    port = parts.port or (443 if parts.scheme == "https" else 8000)
+    tenant, database = ref.tenant or DEFAULT_TENANT, ref.database or DEFAULT_DATABASE
+    where = f"{parts.scheme}://{host}:{port} (tenant {tenant}, database {database})"
     return Identity(where, str(collection.name))

@@ -15,6 +15,8 @@ from ragexam.urls import mask_url, parse_http_url
 
 DEFAULT_DOC_KEYS = ("source", "document", "doc_id", "file_path", "filename", "title")
 UNKNOWN_DOCUMENT = "(unknown)"
+# A Chroma server's own defaults (chromadb.config's, named here so that naming them loads nothing)
+DEFAULT_TENANT, DEFAULT_DATABASE = "default_tenant", "default_database"
 PAGE_SIZE = 1000
 
 
@@ -77,7 +79,6 @@ def open_client(ref: StoreRef) -> Any:
 def _connect(ref: StoreRef, host: str, port: int, ssl: bool) -> Any:
     """An HTTP client; a token goes in both headers Chroma servers read (self-hosted, Cloud)."""
     import chromadb
-    from chromadb.config import DEFAULT_DATABASE, DEFAULT_TENANT
 
     token = ref.token or ""
     return chromadb.HttpClient(

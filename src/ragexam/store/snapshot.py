@@ -82,6 +82,8 @@ class Snapshots:
 
     def remove(self) -> None:
         """Delete every snapshot made."""
+        if self._made:
+            atexit.unregister(self.remove)  # done: the process need not keep this session
         while self._made:
             _, made = self._made.popitem()
             shutil.rmtree(made.path.parent, ignore_errors=True)
