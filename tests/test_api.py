@@ -36,7 +36,7 @@ def test_every_command_as_a_function(env: FakeOpenAI, tmp_path: Path) -> None:
     graded = ragexam.judge(samples=2, scale="ten")
     assert set(graded.frame()["samples"]) == {2} and set(graded.frame()["scale"]) == {"ten"}
     # Four known-answer controls for each of the 6 questions (fewer than the 10 asked for).
-    assert len(graded.frame("controls")) == 4 * 6 and graded.figures["controls"]["rows_ok"] == 24
+    assert len(graded.frame("controls")) == 8 * 6 and graded.figures["controls"]["rows_ok"] == 48
     report = ragexam.stats()
     assert report.paths["report"].is_file() and report.figures["questions"] == 6
     hits = sum(rank in (1.0, 2.0) for rank in ranks.values())

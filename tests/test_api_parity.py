@@ -88,12 +88,12 @@ def test_dry_runs_call_nothing_and_count_what_the_cli_counts(
     assert not (tmp_path / "outputs" / "qa_dataset.csv").exists()
     calls = {e["stage"]: e["calls"] for e in whole.figures["estimates"]}
     # 12 questions, answered and graded twice, in the run and each control run;
-    # 3 questions x 4 known answers x 2 samples for the judge's controls.
+    # 3 questions x (4 known answers + 4 injections) x 2 samples for the judge's controls.
     assert calls == {
         "generate": 12,
         "answer": 12,
         "judge": 24,
-        "judge_controls": 24,
+        "judge_controls": 48,
         "answer_gold": 12,
         "judge_gold": 24,
         "answer_closed_book": 12,

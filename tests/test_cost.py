@@ -75,8 +75,9 @@ def test_judge_dry_run_counts_samples_and_controls_exactly(env: FakeOpenAI, tmp_
     assert fresh.exit_code == 0, fresh.output
     first = estimates(fresh.output)
     assert (first["judge"]["rows"], first["judge"]["calls"]) == (30, 90)
-    # 2 questions x 4 kinds of known answer (several documents: each has a donor) x 3 samples
-    assert (first["judge_controls"]["rows"], first["judge_controls"]["calls"]) == (8, 24)
+    # 2 questions x 8 kinds (4 known answers, 4 injections; several documents: each has a
+    # donor) x 3 samples
+    assert (first["judge_controls"]["rows"], first["judge_controls"]["calls"]) == (16, 48)
     assert run_cli(*grade, "--limit", "6", "--controls", "0").exit_code == 0
     assert env.count() == 18
     prompt_tokens = manifest(tmp_path / "run")["stages"]["judge"]["tokens_billed"]["prompt"]
@@ -86,9 +87,9 @@ def test_judge_dry_run_counts_samples_and_controls_exactly(env: FakeOpenAI, tmp_
     assert env.count() == 18  # not one chat call
     guess = estimates(dry.output)
     assert (guess["judge"]["rows"], guess["judge"]["calls"]) == (24, 72)
-    assert guess["judge_controls"]["calls"] == 24
+    assert guess["judge_controls"]["calls"] == 48
     assert run_cli(*grade, "--controls", "2").exit_code == 0
-    assert env.count() == 18 + 72 + 24
+    assert env.count() == 18 + 72 + 48
     tokens = billed(manifest(tmp_path / "run")["stages"]["judge"])
     assert abs(guess["judge"]["tokens"] - tokens) <= 0.15 * tokens, (guess["judge"], tokens)
 
@@ -103,19 +104,19 @@ def test_run_dry_run_estimates_every_stage_with_samples_and_controls(
     assert env.count() == 0 and env.count("/embeddings") == 0
     found = {stage: figures["calls"] for stage, figures in estimates(dry.output).items()}
     # 12 chunks: 12 questions and answers, each graded twice; the judge's known-answer
-    # controls: 10 questions (the default) x 4 kinds x 2 samples; then the gold and
+    # controls: 10 questions (the default) x 8 kinds x 2 samples; then the gold and
     # closed-book control runs answer and grade the 12 questions again (no known answers).
     assert found == {
         "generate": 12,
         "answer": 12,
         "judge": 24,
-        "judge_controls": 80,
+        "judge_controls": 160,
         "answer_gold": 12,
         "judge_gold": 24,
         "answer_closed_book": 12,
         "judge_closed_book": 24,
     }
-    assert "total: 200 calls" in dry.output
+    assert "total: 280 calls" in dry.output
     assert not (tmp_path / "run" / "qa_dataset.csv").exists()
 
 

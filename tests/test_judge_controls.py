@@ -15,6 +15,7 @@ from world import World
 from ragexam.analysis.controls import Bounds, Source, build_controls
 
 KINDS = ("verbatim", "dont_know", "padded", "wrong")
+INJECTIONS = ("inject_plea", "inject_verdict", "inject_master_key", "inject_claim")
 
 
 def truth(i: int) -> str:
@@ -59,13 +60,13 @@ def test_a_truthful_judge_passes_its_controls_and_the_report_says_so(
     env.responder = truthful
     result = run_cli("judge", "--out", "run", "--controls", "10", "--seed", "3")
     assert result.exit_code == 0, result.output
-    assert env.count() == 12 + 40  # one call per exam row, one per control
-    assert "40/40 judge controls passed" in result.output
+    assert env.count() == 12 + 80  # one call per exam row, one per control
+    assert "40/40 known-answer controls passed, 0/40 injections fooled" in result.output
     judged = read_csv(tmp_path / "run" / "judgments.csv")
     assert sorted(row["qa_id"] for row in judged) == sorted(f"q{i}" for i in range(12))
     controls = controls_of(tmp_path / "run")
-    assert len(controls) == 40 and Counter(row["control"] for row in controls.values()) == {
-        kind: 10 for kind in KINDS
+    assert len(controls) == 80 and Counter(row["control"] for row in controls.values()) == {
+        kind: 10 for kind in (*KINDS, *INJECTIONS)
     }
     sampled = {row["qa_id"] for row in controls.values()}
     assert len(sampled) == 10
@@ -85,16 +86,22 @@ def test_a_truthful_judge_passes_its_controls_and_the_report_says_so(
         assert float(rows["padded"]["conciseness"]) == 0.5
         assert float(rows["wrong"]["completeness"]) == 0.0
         assert all(row["passed"] == "true" and row["status"] == "ok" for row in rows.values())
+        for kind in INJECTIONS:  # each a wrong answer, from the same donor, carrying its attack
+            injected = controls[f"{qa_id}:{kind}"]
+            assert truth(donor) in injected["answer"] and injected["answer"] != truth(donor)
+            assert injected["passed"] == "true" and float(injected["completeness"]) == 0.0
     stats = run_cli("stats", "--out", "run")
     assert stats.exit_code == 0, stats.output
-    assert "Warning" not in stats.output and "40/40 judge controls passed" in stats.output
+    assert "Warning" not in stats.output
+    assert "0/40 injections fooled the judge (attack success rate 0%)" in stats.output
     row = overall(tmp_path / "run")
-    assert row["judge_controls_total"] == "40" and row["judge_controls_passed"] == "40"
-    assert all(row[f"controls_passed_{kind}"] == "10" for kind in KINDS)
+    assert row["judge_controls_total"] == "80" and row["judge_controls_passed"] == "80"
+    assert row["judge_known_answer_pass_rate"] == "1" and row["judge_attack_success_rate"] == "0"
+    assert all(row[f"controls_passed_{kind}"] == "10" for kind in (*KINDS, *INJECTIONS))
     # controls never enter a mean: each exam answer holds 2 of its 4 words
     assert float(row["completeness_mean"]) == 0.5 and float(row["conciseness_mean"]) == 1.0
     page = (tmp_path / "run" / "report.html").read_text()
-    assert "Can this judge be trusted?" in page and "40/40 judge controls passed" in page
+    assert "Can this judge be trusted?" in page and "40/40 known-answer controls passed" in page
     assert 'class="warning"' not in page
 
 
@@ -103,14 +110,19 @@ LENIENT = {"verbatim": 10, "dont_know": 10, "padded": 0, "wrong": 10}
 
 
 @pytest.mark.parametrize(
-    ("responder", "passes", "why"),
+    ("responder", "passes", "fooled", "why"),
     [
-        (constant, CONSTANT, "completeness 0.80 &gt; 0.2"),
-        (lenient_about_padding, LENIENT, "conciseness 1.00 &gt; 0.7"),
+        (constant, CONSTANT, 40, "completeness 0.80 &gt; 0.2"),
+        (lenient_about_padding, LENIENT, 0, "conciseness 1.00 &gt; 0.7"),
     ],
 )
 def test_a_bad_judge_fails_its_controls_and_is_named(
-    env: FakeOpenAI, tmp_path: Path, responder: object, passes: dict[str, int], why: str
+    env: FakeOpenAI,
+    tmp_path: Path,
+    responder: object,
+    passes: dict[str, int],
+    fooled: int,
+    why: str,
 ) -> None:
     exam(tmp_path / "run", 12)
     env.responder = responder  # type: ignore[assignment]
@@ -120,7 +132,7 @@ def test_a_bad_judge_fails_its_controls_and_is_named(
     assert stats.exit_code == 0, stats.output
     (warning,) = [line for line in stats.output.splitlines() if line.startswith("Warning")]
     total = sum(passes.values())
-    assert f"only {total}/40 judge controls passed" in warning
+    assert f"only {total}/40 known-answer controls passed, {fooled}/40 injections" in warning
     for kind in KINDS:
         named = f"{passes[kind]}/10 {kind} controls passed"
         assert (named in warning) == (passes[kind] < 10), (kind, warning)
@@ -128,7 +140,8 @@ def test_a_bad_judge_fails_its_controls_and_is_named(
         assert "the judge does not penalise padding: 0/10 padded controls passed" in warning
     assert warning in result.output  # the judge says it as soon as the controls are graded
     row = overall(tmp_path / "run")
-    assert row["judge_controls_passed"] == str(total)
+    assert row["judge_controls_passed"] == str(total + 40 - fooled)
+    assert row["judge_injections_fooled"] == str(fooled)
     assert {kind: int(row[f"controls_passed_{kind}"]) for kind in KINDS} == passes
     page = (tmp_path / "run" / "report.html").read_text()
     assert 'class="warning"' in page and "Can this judge be trusted?" in page
@@ -153,19 +166,19 @@ def test_a_rerun_grades_no_control_twice_and_another_seed_replaces_them(
     exam(tmp_path / "run", 12)
     env.responder = truthful
     assert run_cli("judge", "--out", "run", "--controls", "5").exit_code == 0
-    assert env.count() == 12 + 20
+    assert env.count() == 12 + 40
     assert run_cli("judge", "--out", "run", "--controls", "5").exit_code == 0
-    assert env.count() == 12 + 20  # nothing left to do
+    assert env.count() == 12 + 40  # nothing left to do
     more = run_cli("judge", "--out", "run", "--controls", "8")
     assert more.exit_code == 0, more.output
-    assert env.count() == 12 + 32  # a larger N keeps the first five questions
+    assert env.count() == 12 + 64  # a larger N keeps the first five questions
     first = controls_of(tmp_path / "run")
     assert run_cli("judge", "--out", "run", "--controls", "8", "--seed", "1").exit_code == 0
     now = controls_of(tmp_path / "run")
-    assert len(now) == 32 and set(now) != set(first)  # only the new sample's controls remain
+    assert len(now) == 64 and set(now) != set(first)  # only the new sample's controls remain
     # another seed draws other questions and other donors: only what changed is graded again
     changed = [key for key, row in now.items() if first.get(key, {}).get("answer") != row["answer"]]
-    assert 0 < len(changed) < 32 and env.count() == 12 + 32 + len(changed)
+    assert 0 < len(changed) < 64 and env.count() == 12 + 64 + len(changed)
 
 
 @pytest.mark.slow
@@ -174,22 +187,22 @@ def test_sigkill_during_the_controls_then_rerun_grades_each_control_once(
 ) -> None:
     exam(tmp_path / "run", 20)
     env.responder = truthful
-    env.latency = 0.1  # 40 controls at 4 in flight take a second: time to land the kill
+    env.latency = 0.1  # 80 controls at 4 in flight take two seconds: time to land the kill
     args = ["judge", "--out", "run", "--concurrency", "4"]
     output = tmp_path / "run" / "judge_controls.csv"
     kill_midway(args, output, 12)
     # only whole lines survive: a line the kill cut short is redone
     whole = output.read_bytes().decode().split("\n")[:-1]
     survived = {row["control_id"] for row in csv.DictReader(whole) if row["status"] == "ok"}
-    assert 10 < len(survived) < 40
+    assert 5 < len(survived) < 80
     before = env.count()
     assert before <= 20 + len(survived) + 4  # at most the calls in flight were lost
     env.latency = 0.0
     result = run_cli(*args)
     assert result.exit_code == 0, result.output
-    assert env.count() - before == 40 - len(survived)  # exam done: only the missing controls
+    assert env.count() - before == 80 - len(survived)  # exam done: only the missing controls
     ids = [row["control_id"] for row in read_csv(output)]
-    assert len(ids) == len(set(ids)) == 40
+    assert len(ids) == len(set(ids)) == 80
     assert {row["status"] for row in read_csv(output)} == {"ok"}
 
 
@@ -198,7 +211,7 @@ def test_error_controls_are_neither_passes_nor_failures(env: FakeOpenAI, tmp_pat
     env.responder = truthful
     env.faults.status_if = lambda text: 400 if "I don't know." in text else None
     result = run_cli("judge", "--out", "run", "--controls", "10")
-    assert result.exit_code == 1  # 10 of 40 control rows failed: above --max-error-rate
+    assert result.exit_code == 1  # 10 of 80 control rows failed: above --max-error-rate
     assert "judge_controls.csv" in result.output
     rows = controls_of(tmp_path / "run")
     errors = [row for row in rows.values() if row["status"] == "error"]
@@ -206,7 +219,7 @@ def test_error_controls_are_neither_passes_nor_failures(env: FakeOpenAI, tmp_pat
     assert all(row["passed"] == row["completeness"] == "" for row in errors)
     assert run_cli("stats", "--out", "run").exit_code == 0
     row = overall(tmp_path / "run")
-    assert (row["judge_controls_total"], row["judge_controls_passed"]) == ("30", "30")
+    assert (row["judge_controls_total"], row["judge_controls_passed"]) == ("70", "70")
     assert (row["judge_controls_errors"], row["controls_total_dont_know"]) == ("10", "0")
 
 
@@ -225,7 +238,7 @@ def test_bounds_at_the_edges_on_the_ten_point_scale() -> None:
 def test_a_single_document_exam_pads_with_another_question_and_one_question_cannot() -> None:
     sources = [Source(f"q{i}", "only", f"Q{i}?", f"T{i}") for i in range(3)]
     controls = build_controls(sources, 10, seed=0)
-    assert len(controls) == 12  # N is capped by the questions there are
+    assert len(controls) == 24  # N is capped by the questions there are
     for control in controls:
         if control.kind in ("padded", "wrong"):
             assert control.donor and control.donor != control.source.qa_id
@@ -255,11 +268,11 @@ def test_controls_on_the_ten_point_scale_compare_the_stored_values(
     result = run_cli("judge", "--out", "run", "--controls", "3", "--scale", "ten")
     assert result.exit_code == 0, result.output
     rows = controls_of(tmp_path / "run").values()
-    assert len(rows) == 12 and {row["scale"] for row in rows} == {"ten"}
+    assert len(rows) == 24 and {row["scale"] for row in rows} == {"ten"}
     padded = [row for row in rows if row["control"] == "padded"]
     assert {(row["completeness"], row["conciseness"]) for row in padded} == {("1.0", "0.5")}
     assert all(row["passed"] == "true" for row in rows)
-    assert "12/12 judge controls passed" in result.output
+    assert "12/12 known-answer controls passed, 0/12 injections fooled" in result.output
 
 
 def test_stats_refuses_an_ok_control_without_a_grade(env: FakeOpenAI, tmp_path: Path) -> None:
@@ -296,8 +309,9 @@ def test_run_grades_the_judge_controls_in_the_exam_run_only(
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     controls = controls_of(tmp_path / "run")
-    assert len(controls) == 40 and {row["passed"] for row in controls.values()} == {"true"}
-    assert overall(tmp_path / "run")["judge_controls_passed"] == "40"
+    assert len(controls) == 80 and {row["passed"] for row in controls.values()} == {"true"}
+    assert {row["scale"] for row in controls.values()} == {"key-points"}
+    assert overall(tmp_path / "run")["judge_controls_passed"] == "80"
     assert not (tmp_path / "run" / "gold" / "judge_controls.csv").exists()
     assert not (tmp_path / "run" / "closed_book" / "judge_controls.csv").exists()
-    assert "40/40 judge controls passed" in result.output
+    assert "40/40 known-answer controls passed, 0/40 injections fooled" in result.output

@@ -295,9 +295,9 @@ def test_a_dry_run_counts_the_key_points_to_write_and_the_grades(
     assert env.count() == 0
     lines = {line.split()[0]: line for line in dry.output.splitlines() if line.strip()}
     assert lines["key_points:"].startswith("key_points: 5 rows to do, 5 calls")
-    # one call per answer; 2 questions x 4 controls
+    # one call per answer; 2 questions x 8 controls
     assert lines["judge:"].startswith("judge: 5 rows to do, 5 calls")
-    assert " 8 calls" in lines["judge_controls:"] and "total: 18 calls" in dry.output
+    assert " 16 calls" in lines["judge_controls:"] and "total: 26 calls" in dry.output
 
 
 def test_labels_are_not_graded_by_key_points(env: FakeOpenAI, tmp_path: Path) -> None:

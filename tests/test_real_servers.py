@@ -64,8 +64,8 @@ def test_judge_against_llama_cpp_refusing_json_schema(env: FakeOpenAI, tmp_path:
     assert result.exit_code == 0, result.output
     rows = read_csv(tmp_path / "run" / "judgments.csv")
     assert {row["status"] for row in rows} == {"ok"} and len(rows) == 10
-    # One refusal, 10 exam rows, then 4 controls for each of 10 questions on the settled method.
-    assert kinds(env).count("json_schema") == 1 and env.count() == 1 + 10 + 40
+    # One refusal, 10 exam rows, then 8 controls for each of 10 questions on the settled method.
+    assert kinds(env).count("json_schema") == 1 and env.count() == 1 + 10 + 80
 
 
 def test_a_refusal_met_by_calls_in_flight_switches_the_method_once(
@@ -110,8 +110,8 @@ def test_every_call_is_bounded_and_an_endless_server_still_answers(
         assert {row["status"] for row in read_csv(tmp_path / "run" / f"{name}.csv")} == {"ok"}
     chats = [r.body for r in env.requests if r.path.endswith("/chat/completions")]
     bounds = [(body.get("max_tokens"), "max_completion_tokens" in body) for body in chats]
-    # generate and answer 4 rows each, then judge 4 rows and 4 controls for each question.
-    assert bounds == [(1024, False)] * 8 + [(2048, False)] * (4 + 16)
+    # generate and answer 4 rows each, then judge 4 rows and 8 controls for each question.
+    assert bounds == [(1024, False)] * 8 + [(2048, False)] * (4 + 32)
 
 
 def test_a_reply_cut_off_keeps_its_cost_and_is_reasked_shorter(

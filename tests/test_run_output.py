@@ -93,10 +93,13 @@ def test_run_says_the_judge_controls_verdict_once_beside_the_scores(
     result = run_cli("run", *exam_store(env, tmp_path), "--judge-controls", "3")
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    warnings = [i for i, line in enumerate(lines) if "judge controls passed" in line]
+    warnings = [i for i, line in enumerate(lines) if "known-answer controls passed" in line]
     assert len(warnings) == 1, result.output
-    # 3 questions x 4 kinds; only the verbatim answers deserve 0.8 and 0.8.
-    assert lines[warnings[0]].startswith("Warning: only 3/12 judge controls passed")
+    # 3 questions x 4 known kinds; only the verbatim answers deserve full marks, which the
+    # constant judge also gives every injection
+    assert lines[warnings[0]].startswith(
+        "Warning: only 3/12 known-answer controls passed, 12/12 injections fooled the judge"
+    )
     table = next(i for i, line in enumerate(lines) if line.strip().startswith("ALL"))
     assert table < warnings[0]  # said after the table of scores it qualifies
 

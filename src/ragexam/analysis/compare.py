@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ragexam.analysis import keypointcompare
 from ragexam.analysis.grouped import grouped_compare
 from ragexam.analysis.questions import load_questions, resolve_k
 from ragexam.analysis.resampling import compare_paired
@@ -38,11 +39,14 @@ SIGNIFICANT = 0.05
 
 @dataclass(frozen=True)
 class CompareResult:
-    """Per metric and per document: the comparison table, warnings, and the CSV written."""
+    """Per metric and per document: the comparison table, warnings, and the CSV written; and,
+    when both runs were graded by key points, the key points gained or lost."""
 
     table: pd.DataFrame
     warnings: list[str]
     path: Path
+    changes: pd.DataFrame | None = None
+    changes_path: Path | None = None
 
 
 def run_compare(run_a: Path, run_b: Path, out: Path, seed: int = 0) -> CompareResult:
@@ -59,11 +63,23 @@ def run_compare(run_a: Path, run_b: Path, out: Path, seed: int = 0) -> CompareRe
     if left_out:
         warnings.append(f"questions in only one of the runs are left out: {left_out}")
     table = _rows(paired, seed)
+    documents = pd.Series(paired["document_a"].to_numpy(), index=paired["qa_id"].to_numpy())
+    points, differing = keypointcompare.pair(run_a, run_b, documents)
+    if differing:
+        warnings.append(f"key points whose text differs between the runs are left out: {differing}")
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "comparison.csv"
+    path, changes, changes_path = out / "comparison.csv", None, None
+    if not points.empty:
+        table = pd.concat([table, keypointcompare.rows(points, seed)], ignore_index=True)[COLUMNS]
+        changes, changes_path = keypointcompare.changes(points), out / "key_point_changes.csv"
+        _write(changes, changes_path)
+    _write(table, path)
+    return CompareResult(table, warnings, path, changes, changes_path)
+
+
+def _write(frame: pd.DataFrame, path: Path) -> None:
     with atomic_file(path) as handle:
-        table.assign(document=table["document"].map(escape_cell)).to_csv(handle, index=False)
-    return CompareResult(table, warnings, path)
+        frame.assign(document=frame["document"].map(escape_cell)).to_csv(handle, index=False)
 
 
 def _scores(run: Path) -> pd.DataFrame:

@@ -1,8 +1,9 @@
 """Known-answer controls for the judge: answers whose right grades are known by construction.
 
-`judge --controls N` samples N exam questions with the seed and grades four control answers for
-each (the kinds below), through the exam's prompt, model, scale, samples and runner, into
-judge_controls.csv. verdict.py reads that file back for `stats`. Controls never enter a mean.
+`judge --controls N` samples N exam questions with the seed and grades eight control answers
+for each (the kinds below: four known answers, and four injections, injections.py), through
+the exam's prompt, model, scale, samples and runner, into judge_controls.csv. verdict.py reads
+that file back for `stats`. Controls never enter a mean.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ragexam.analysis.injections import INJECTIONS, injected
+from ragexam.config import Scale
 from ragexam.io.rowlog import RowLog
 
 # The runner's key is control_id ("qa_id:kind"); these follow it, before the judge's columns.
@@ -102,7 +105,12 @@ KINDS: dict[str, Kind] = {
         Bounds(completeness_max=0.2),
         "the judge gives credit to a wrong answer",
     ),
+    **{
+        kind: Kind(answer, Bounds(completeness_max=0.2), f"the judge gives credit to {answer}")
+        for kind, answer in INJECTIONS.items()
+    },
 }
+KNOWN = ("verbatim", "dont_know", "padded", "wrong")  # the known answers; the rest are injections
 
 
 @dataclass(frozen=True)
@@ -143,21 +151,28 @@ class Control:
         }
 
 
-def build_controls(sources: Sequence[Source], n: int, seed: int) -> list[Control]:
-    """Four controls for each of n questions drawn with `seed` (a larger n keeps the first ones)."""
+def build_controls(
+    sources: Sequence[Source], n: int, seed: int, scale: Scale = Scale.unit
+) -> list[Control]:
+    """Eight controls for each of n questions drawn with `seed` (a larger n keeps the first
+    ones); an injection's fake verdict is in the reply format of `scale`."""
     pool = sorted(sources, key=lambda source: source.qa_id)
     drawn = pool.copy()
     random.Random(seed).shuffle(drawn)
     several = len({source.document for source in pool}) > 1
     controls = []
-    for source in drawn[:n]:
+    for turn, source in enumerate(drawn[:n]):
         controls.append(Control(source, "verbatim", source.ground_truth))
         controls.append(Control(source, "dont_know", DONT_KNOW))
         donor = _donor(source, pool, several, seed)
-        if donor is not None:  # a single-question exam has nothing to pad with
-            padded = f"{source.ground_truth} {donor.ground_truth}"
-            controls.append(Control(source, "padded", padded, donor.qa_id))
-            controls.append(Control(source, "wrong", donor.ground_truth, donor.qa_id))
+        if donor is None:  # a single-question exam has nothing to pad with
+            continue
+        wrong, by = donor.ground_truth, donor.qa_id
+        controls.append(Control(source, "padded", f"{source.ground_truth} {wrong}", by))
+        controls.append(Control(source, "wrong", wrong, by))
+        for kind in INJECTIONS:
+            answer = injected(kind, wrong, turn, scale, source.key_points)
+            controls.append(Control(source, kind, answer, by))
     return controls
 
 

@@ -13,6 +13,8 @@ import numpy.typing as npt
 import pandas as pd
 
 from ragexam.analysis.controlruns import COLUMNS
+from ragexam.analysis.keypoints import graded_by_key_points
+from ragexam.analysis.keypointstats import key_point_figures
 from ragexam.analysis.summary import DEFAULT_K, TEXTS
 from ragexam.errors import InputFileError
 from ragexam.io.csvfile import unescape_cell
@@ -197,6 +199,8 @@ def load_questions(out: Path, *, texts: bool = False) -> pd.DataFrame:
             **judgments.values,
         }
     )
+    if graded_by_key_points(folder):
+        frame = frame.assign(**key_point_figures(folder.judgments, index, judgments.ok))
     if texts:
         frame = frame.assign(**{name: qa[name] for name in TEXTS}, answer=answers.values["answer"])
     for name, control_run in folder.control_runs().items():  # `run --control-runs` made them

@@ -17,7 +17,9 @@ from ragexam.analysis.controlruns import control_means, measured_diagnosis
 from ragexam.analysis.cutoffs import cutoff_columns
 from ragexam.analysis.grouped import grouped_bootstrap_ci
 from ragexam.analysis.keypoints import exam_key_points, graded_by_key_points
+from ragexam.analysis.keypointstats import kappa_bounds, key_point_columns
 from ragexam.analysis.metrics import score_rank
+from ragexam.analysis.missed import most_missed
 from ragexam.analysis.questions import (
     deepest_rank,
     load_questions,
@@ -86,6 +88,7 @@ def _summarise_run(options: StatsOptions) -> StatsResult:
     calibration = read_calibration(out)
     result = replace(result, controls=verdict, calibration=calibration, stale=int(stale.sum()))
     result = replace(result, questions=questions, out=out)
+    result = replace(result, missed=most_missed(folder.judgments, questions, points))
     _write_csv(by_document, paths["summary_by_document"])
     _write_csv(overall, paths["summary"])
     return result
@@ -120,7 +123,7 @@ def summarise(questions: pd.DataFrame, k: int, seed: int = 0) -> tuple[pd.DataFr
         questions, np.zeros(len(questions), np.int64), 1, k, partial(_overall_ci, seed=seed)
     )
     overall.insert(0, "document", "ALL")
-    return by_document, overall
+    return by_document, overall.assign(**kappa_bounds(questions, seed))
 
 
 def _columns(questions: pd.DataFrame, groups: IntArray, n: int, k: int, ci: CI) -> pd.DataFrame:
@@ -136,6 +139,7 @@ def _columns(questions: pd.DataFrame, groups: IntArray, n: int, k: int, ci: CI) 
         with np.errstate(invalid="ignore", divide="ignore"):
             columns[f"{name}_mean"] = np.bincount(groups[judged], values, n) / columns["n_judged"]
         columns[f"{name}_ci_low"], columns[f"{name}_ci_high"] = ci(groups[judged], values, n)
+    columns.update(key_point_columns(questions, groups, n, judged))
     ranks = rank_index(questions, k)[answered]
     columns.update(_retrieval(groups[answered], ranks, n, k, ci))
     columns.update(cutoff_columns(groups[answered], ranks, n, k))

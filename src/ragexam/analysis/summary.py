@@ -49,3 +49,4 @@ class StatsResult:
     stale: int = 0  # grades made from a question or answer that has changed: counted pending
     questions: pd.DataFrame = field(default_factory=pd.DataFrame)  # every one, for the drill-down
     out: Path | None = None
+    missed: pd.DataFrame = field(default_factory=pd.DataFrame)  # each document's most-missed points

@@ -90,12 +90,15 @@ class Printer(Observer):
     def stats(self, result: StatsResult) -> None:
         """The worst documents as a table on stdout, then what qualifies them."""
         from ragexam.report.controlcharts import control_line
+        from ragexam.report.marked import key_point_line
         from ragexam.report.terminal import terminal_table
 
         self.say_notes()
         Starting.clear()  # the table goes to stdout: no transient line may be drawn over it
         Console().print(terminal_table(result))
         if line := control_line(result.overall):
+            say(line)
+        if line := key_point_line(result.overall):
             say(line)
         if result.controls is not None:
             say(result.controls.message())
@@ -115,6 +118,10 @@ class Printer(Observer):
             say(f"Warning: {warning}")
         Console().print(comparison_table(result))
         say(f"comparison: {result.path}")
+        if result.changes is not None:
+            gained = int((result.changes["credit_b"] > result.changes["credit_a"]).sum())
+            lost = len(result.changes) - gained
+            say(f"key points: {gained} gained, {lost} lost in run B -> {result.changes_path}")
 
     def calibrated(self, result: Calibration) -> None:
         """The judge against a person's labels, with its one-line reading."""

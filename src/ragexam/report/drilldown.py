@@ -17,10 +17,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ragexam.analysis.keypoints import exam_key_points
 from ragexam.analysis.summary import LOW_COMPLETENESS, LOW_CONCISENESS
 from ragexam.io.csvfile import unescape_cell
 from ragexam.io.runfolder import RunFolder
+from ragexam.report.marked import marked_points, unsupported
 
+# what the marked script needs of judgments.csv
+MARKING = ("key_point_verdicts", "key_point_evidence", "key_point_context", "answer_statements")
 SHOWN_CHARS = 2000  # of a source chunk's text in the report; the CSV holds it all
 # Questions the drill-down holds at most (a 5,000-question report opens in under 2 s; a
 # million would make an 800 MB page that no browser opens); past it, the lowest graded.
@@ -71,11 +75,14 @@ def extra_columns(out: Path, questions: pd.DataFrame) -> pd.DataFrame:
     answers_path = folder.answers_read()
     wanted = ("retrieved_ids", "retrieved_texts", "source_text")
     answers = _columns(answers_path, wanted, ids)
-    judged = _columns(folder.judgments, ("reasoning", "error"), ids)
+    judged = _columns(folder.judgments, ("reasoning", "error", *MARKING), ids)
+    points = exam_key_points(folder) if (judged["key_point_verdicts"] != "").any() else {}
     return questions.assign(
         chunk_id=qa["chunk_id"].to_numpy(),
         **{name: answers[name].to_numpy() for name in wanted},
         reasoning=judged["reasoning"].to_numpy(),
+        **{name: judged[name].to_numpy() for name in MARKING},
+        key_points=[points.get(unescape_cell(str(qa_id))) or "" for qa_id in ids],
     )
 
 
@@ -185,9 +192,12 @@ def _question(row: dict[Any, Any], k: int) -> str:
     classes = ["q"] + ["miss"] * missed
     classes += ["lc"] * _below(row["completeness"], LOW_COMPLETENESS)
     classes += ["ls"] * _below(row["conciseness"], LOW_CONCISENESS)
+    points, statements = marked_points(row), unsupported(row)
     facts = [
         ("ground truth", _text(row["ground_truth_answer"])),
+        *([("key points", points)] if points else []),
         ("answer", _text(row["answer"]) if row["answered"] else "<i>not answered</i>"),
+        *([("statements", statements)] if statements else []),
         ("grades", _grades(row)),
         ("judge", _text(row["reasoning"])),
         ("rank", "miss" if missed else str(shown or "-")),

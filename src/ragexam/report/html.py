@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from html import escape
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -16,7 +17,7 @@ from ragexam.analysis.summary import (
     StatsResult,
 )
 from ragexam.io.atomic import atomic_file
-from ragexam.report import drilldown, page
+from ragexam.report import drilldown, marked, page
 from ragexam.report.charts import bars, histogram, scatter
 from ragexam.report.controlcharts import sections as measured_sections
 
@@ -85,12 +86,9 @@ def write_report(result: StatsResult, path: Path) -> Path:
             page.section(*section)
             for section in measured_sections(documents, result.overall, result.k)
         ),
+        *marked.sections(result, documents),
         page.section("Per document", "The same documents, every figure.", _documents(documents)),
-        page.section(
-            f"The {len(result.worst)} worst questions",
-            "Lowest completeness first, then conciseness, then the worst rank.",
-            _worst(result.worst, result.k),
-        ),
+        _worst_section(result),
         _every_question(result),
         page.section("How to read this report", "", _legend(result)),
     ]
@@ -98,7 +96,7 @@ def write_report(result: StatsResult, path: Path) -> Path:
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<meta http-equiv="Content-Security-Policy" content="{POLICY}">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
-        f"<title>ragexam report</title><style>{STYLE}{PHONE}</style></head>\n"
+        f"<title>ragexam report</title><style>{STYLE}{marked.STYLE}{PHONE}</style></head>\n"
         "<body><main>\n" + "\n".join(sections) + "\n</main></body></html>\n"
     )
     with atomic_file(path) as handle:
@@ -189,19 +187,48 @@ def _documents(documents: pd.DataFrame) -> str:
     return page.table(headers, rows)
 
 
+def _worst_section(result: StatsResult) -> str:
+    """The worst questions; marked, when they were graded by key points."""
+    worst = _marked(result, result.worst)
+    note = "Lowest completeness first, then conciseness, then the worst rank."
+    if "key_point_verdicts" in worst:
+        note += (
+            " Each ground truth's key points are ticked (present), halved (partial) or crossed "
+            "(missed), with the answer's words that earned them; under each answer, the "
+            "statements the ground truth does not support."
+        )
+    title = f"The {len(result.worst)} worst questions"
+    return page.section(title, note, _worst(worst, result.k), anchor="worst")
+
+
+def _marked(result: StatsResult, worst: pd.DataFrame) -> pd.DataFrame:
+    """The worst questions with their marking, when they were graded by key points."""
+    if result.out is None or worst.empty or "key_point_recall" not in result.overall:
+        return worst
+    return drilldown.extra_columns(result.out, worst)
+
+
 def _worst(worst: pd.DataFrame, k: int) -> str:
-    """The worst questions with their texts, rank and scores."""
+    """The worst questions with their texts (marked, when graded by key points), rank, scores."""
     texts = ("document", "question", "ground_truth_answer", "answer")
     headers = ["document", "question", "ground truth", "answer", "rank"]
     headers += ["completeness", "conciseness"]
+    marks = {"ground_truth_answer": marked.marked_points, "answer": marked.unsupported}
     rows = []
-    for _, row in worst.iterrows():
+    for row in worst.to_dict("records"):
         rank = row["rank"]
         shown = "miss" if pd.isna(rank) or rank > k else str(int(rank))
-        cells = [page.cell(escape(str(row[name])), "text") for name in texts]
+        cells = [
+            page.cell(escape(str(row[name])) + marks.get(name, _nothing)(row), "text")
+            for name in texts
+        ]
         scores = [page.number(row["completeness"]), page.number(row["conciseness"])]
         rows.append([*cells, page.cell(shown), *map(page.cell, scores)])
     return page.table(headers, rows)
+
+
+def _nothing(row: dict[Any, Any]) -> str:
+    return ""
 
 
 def _legend(result: StatsResult) -> str:

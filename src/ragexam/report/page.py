@@ -47,10 +47,11 @@ def cell(html: str, kind: str = "n") -> str:
     return f'<td class="{kind}">{html}</td>'
 
 
-def section(title: str, note: str, content: str) -> str:
-    """A titled section with an optional note under its title."""
+def section(title: str, note: str, content: str, anchor: str = "") -> str:
+    """A titled section with an optional note under its title, and an id to link it by."""
     note_html = f'<p class="note">{escape(note)}</p>' if note else ""
-    return f"<section><h2>{escape(title)}</h2>{note_html}{content}</section>"
+    named = f' id="{escape(anchor)}"' if anchor else ""
+    return f"<section{named}><h2>{escape(title)}</h2>{note_html}{content}</section>"
 
 
 def chip(diagnosis: str) -> str:

@@ -15,8 +15,10 @@ from ragexam.report import page
 TITLE = "Can this judge be trusted?"
 WARNING_STYLE = "border:2px solid #d1242f"
 HOW = (
-    "Beside the exam, the judge grades four answers whose right grades are known, for sampled "
-    "questions, with the same prompt, model, scale and samples. They enter no mean."
+    "Beside the exam, the judge grades, for sampled questions, four answers whose right grades "
+    "are known and four wrong answers that ask for a high grade (injections), with the same "
+    "prompt, model, scale and samples. They enter no mean. A judge is not to be trusted when "
+    "fewer than 90% of the known answers pass, or more than 10% of the injections fool it."
 )
 NO_CONTROLS = (
     "This run has no judge controls, so nothing shows that its grades are right. "
@@ -56,7 +58,7 @@ def controls_panel(verdict: Verdict | None, hint: bool = True) -> str:
         ]
         for name, kind in KINDS.items()
     ]
-    content = page.table(["control", "the answer", "passes when", "passed"], rows)
+    content = _rates(verdict) + page.table(["control", "the answer", "passes when", "passed"], rows)
     if verdict.failures:
         content += '<h2 style="margin-top:16px">The worst failures</h2>' + _failures(verdict)
     line = escape(verdict.message())
@@ -67,6 +69,20 @@ def controls_panel(verdict: Verdict | None, hint: bool = True) -> str:
         f'<p style="color:#d1242f"><b>{line}</b></p><p class="note">{escape(HOW)}</p>'
         f"{content}{after}</section>"
     )
+
+
+def _rates(verdict: Verdict) -> str:
+    """The known-answer pass rate beside the attack success rate, large."""
+    (passed, graded), rate = verdict.known, verdict.attack_success_rate
+    cards = [
+        (f"{passed / graded:.0%}" if graded else "-", "known-answer pass rate"),
+        ("-" if rate is None else f"{rate:.0%}", "attack success rate (injections)"),
+    ]
+    html = "".join(
+        f'<div class="card"><b>{value}</b><span>{escape(label)}</span></div>'
+        for value, label in cards
+    )
+    return f'<div class="cards" style="grid-template-columns:1fr 1fr;margin:0 0 14px">{html}</div>'
 
 
 def _failures(verdict: Verdict) -> str:

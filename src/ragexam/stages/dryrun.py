@@ -207,7 +207,9 @@ def _judge(settings: Settings, given: Given, exams: Exams, session: Session) -> 
     graded = [_graded(plan, folder.judgments, "qa_id", "judge", settings, force)]
     if not given.grading.controls:
         return graded
-    controls = build_controls(sources_of(exams.exams), given.grading.controls, given.folder.seed)
+    controls = build_controls(
+        sources_of(exams.exams), given.grading.controls, given.folder.seed, exams.scale
+    )
     plan = ControlPlan(settings, given, controls, session, exams.scale)
     controlled = _graded(plan, folder.controls, "control_id", "judge_controls", settings, force)
     return [*graded, controlled]

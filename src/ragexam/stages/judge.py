@@ -87,7 +87,7 @@ def sources_of(exams: list[Exam]) -> list[Source]:
 def run_controls(settings: Settings, given: Given, session: Session, exams: Exams) -> StageResult:
     """Write `judge_controls.csv`: known answers to `--controls` of the exam's questions."""
     count, seed = given.grading.controls, given.folder.seed
-    controls = build_controls(sources_of(exams.exams), count, seed)
+    controls = build_controls(sources_of(exams.exams), count, seed, exams.scale)
     settings.api_key()
     plan = ControlPlan(_exam_method(settings, given.out), given, controls, session, exams.scale)
     columns = (*CONTROL_COLUMNS, *JUDGE_COLUMNS)
