@@ -13,8 +13,10 @@ import numpy.typing as npt
 import pandas as pd
 
 from ragexam.analysis.controlruns import COLUMNS
+from ragexam.analysis.kinds import VERDICTS, declines, exam_kinds, found_ranks
 from ragexam.analysis.summary import DEFAULT_K, TEXTS
 from ragexam.errors import InputFileError
+from ragexam.io.cells import UNANSWERABLE
 from ragexam.io.csvfile import unescape_cell
 from ragexam.io.manifest import read_manifest
 from ragexam.io.runfolder import RunFolder
@@ -171,18 +173,39 @@ def _checked(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
     return frame
 
 
+def _present(path: Path, names: tuple[str, ...]) -> tuple[str, ...]:
+    """Those of the optional `names` that the CSV's header has (none when it is unreadable)."""
+    try:
+        header = pd.read_csv(path, nrows=0, encoding="utf-8-sig").columns
+    except (OSError, ValueError):
+        return ()  # _read says what is wrong with the file
+    return tuple(name for name in names if name in header)
+
+
 def load_questions(out: Path, *, texts: bool = False) -> pd.DataFrame:
-    """One row per question of qa_dataset.csv, joined on qa_id with its answer and judgment."""
+    """One row per question of qa_dataset.csv, joined on qa_id with its answer and judgment.
+
+    Each question has its `kind`, its count of `relevant` chunks (R), and, when R > 1, the
+    ranks at which the answer `found` them.
+    """
     folder = RunFolder(out)
     qa_path = folder.exam()  # answer records where its exam came from
-    qa = _read(qa_path, ("qa_id", "document", "status", *(TEXTS if texts else ())))
+    optional = _present(qa_path, ("kind", "chunk_ids"))
+    qa = _read(qa_path, ("qa_id", "document", "status", *optional, *(TEXTS if texts else ())))
     index = pd.Index(qa["qa_id"])
     if not index.is_unique:
         repeated = unescape_cell(str(qa["qa_id"][index.duplicated()].iloc[0]))
         raise InputFileError(qa_path, f"repeats qa_id {repeated!r}; each needs its own")
+    kinds, relevant = exam_kinds(qa, qa_path)
+    several = relevant > 1  # only these need target_ranks: one chunk's rank is target_rank
+    wanted = ("answer",) * texts + ("target_ranks",) * bool(several.any())
     answers_path = folder.answers_read()
-    answers = _aligned(answers_path, index, ("target_rank",), ("answer",) if texts else ())
-    judgments = _aligned(folder.judgments, index, ("completeness", "conciseness"), ())
+    answers = _aligned(answers_path, index, ("target_rank",), wanted)
+    cells = answers.values.get("target_ranks")
+    found = found_ranks(cells, answers.ok & several, relevant, qa["qa_id"], answers_path)
+    unanswerable = (kinds == UNANSWERABLE).any()
+    verdicts = _present(folder.judgments, VERDICTS) if unanswerable else ()
+    judgments = _aligned(folder.judgments, index, ("completeness", "conciseness"), verdicts)
     failed = (answers.present & ~answers.ok) | (judgments.present & ~judgments.ok)
     error = (qa["status"] != "ok").to_numpy() | failed
     frame = pd.DataFrame(
@@ -194,9 +217,15 @@ def load_questions(out: Path, *, texts: bool = False) -> pd.DataFrame:
             "answered": answers.ok,
             "judged": judgments.ok,
             "rank": answers.values["target_rank"],
-            **judgments.values,
+            "kind": kinds,
+            "relevant": relevant,
+            "found": found,
+            "completeness": judgments.values["completeness"],
+            "conciseness": judgments.values["conciseness"],
         }
     )
+    if unanswerable:
+        frame["declined"], frame["made_up"] = declines(judgments.values, kinds == UNANSWERABLE)
     if texts:
         frame = frame.assign(**{name: qa[name] for name in TEXTS}, answer=answers.values["answer"])
     for name, control_run in folder.control_runs().items():  # `run --control-runs` made them

@@ -83,11 +83,13 @@ class Printer(Observer):
     def stats(self, result: StatsResult) -> None:
         """The worst documents as a table on stdout, then what qualifies them."""
         from ragexam.report.controlcharts import control_line
-        from ragexam.report.terminal import terminal_table
+        from ragexam.report.terminal import kind_table, terminal_table
 
         self.say_notes()
         Starting.clear()  # the table goes to stdout: no transient line may be drawn over it
         Console().print(terminal_table(result))
+        if not result.by_kind.empty:
+            Console().print(kind_table(result.by_kind))
         if line := control_line(result.overall):
             say(line)
         if result.controls is not None:

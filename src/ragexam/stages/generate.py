@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterator, Mapping
 from itertools import islice
 from typing import Any
@@ -13,6 +14,7 @@ from pydantic import BaseModel, Field, field_validator
 from ragexam.analysis.sampling import Sampling, assign_splits, check_resume, choose
 from ragexam.config import Settings
 from ragexam.errors import RowError
+from ragexam.io.cells import SINGLE
 from ragexam.io.csvfile import read_rows
 from ragexam.io.fingerprint import input_hash
 from ragexam.io.runfolder import RunFolder
@@ -27,6 +29,8 @@ from ragexam.store.chroma import StoreRef, check_doc_key, iter_chunks, open_coll
 
 QA_COLUMNS = (
     "chunk_id",
+    "kind",
+    "chunk_ids",
     "document",
     "question",
     "ground_truth_answer",
@@ -214,6 +218,8 @@ def _tasks(
         text = chunk.text[:max_chars]
         known = {
             "chunk_id": chunk.id,
+            "kind": SINGLE,
+            "chunk_ids": json.dumps([chunk.id], ensure_ascii=False),
             "document": chunk.document,
             "truncated": len(chunk.text) > max_chars,
             "chunk_chars": len(chunk.text),
