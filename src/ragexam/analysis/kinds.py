@@ -27,6 +27,7 @@ FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 # The judge's verdicts (judgments.csv), when it grades by key points.
 VERDICTS = ("key_point_verdicts", "answer_statements")
+UNKNOWN = -1  # relevant chunks not known from the exam: its answer's target_ranks say
 MADE_UP = ("unsupported", "contradicted")  # an answer statement the ground truth does not bear
 # Without verdicts, the judge's scores stand in: the ground truth of an unanswerable question
 # is the decline itself, so completeness says whether the answer declined, and conciseness
@@ -35,37 +36,33 @@ DECLINED_AT, MADE_UP_BELOW = 0.5, 0.5
 
 
 def exam_kinds(qa: pd.DataFrame, path: Path) -> tuple[pd.Categorical[str], IntArray]:
-    """Each question's kind and its count of relevant chunks (R: 1, len(chunk_ids), or 0).
+    """Each question's kind and its count of relevant chunks, R: 1 for a single question, 0 for
+    an unanswerable one, len(chunk_ids) for a multi-hop one, or UNKNOWN when the exam has no
+    chunk_ids read: its answer's target_ranks then say (found_ranks).
 
     Without a `kind` column the kind follows from `chunk_ids` (none: unanswerable, several:
     multi-hop); without either, every question is single, with one relevant chunk.
     """
     n = len(qa)
-    if "kind" in qa:
-        raw = qa["kind"].to_numpy()
-        kinds = pd.Categorical(raw, categories=KINDS)
-        bad = kinds.isna() & (raw != "")
-        _refuse(path, qa["qa_id"], bad, f"a kind that is none of {', '.join(KINDS)}")
-        codes = np.where(kinds.codes < 0, 0, kinds.codes).astype(np.int64)  # empty: single
-    else:
-        codes = np.zeros(n, dtype=np.int64)
-    relevant = np.where(codes == KINDS.index(UNANSWERABLE), 0, 1).astype(np.int64)
-    if "chunk_ids" in qa:
-        # One chunk's count needs no parsing: only multi-hop rows (all, without kinds) are read.
-        counted = codes == KINDS.index(MULTI_HOP) if "kind" in qa else np.ones(n, dtype=bool)
-        rows = np.flatnonzero(counted)
-        lengths = [_length(cell) for cell in qa["chunk_ids"].to_numpy()[rows].tolist()]
-        bad = np.zeros(n, dtype=bool)
-        bad[rows] = (qa["status"] == "ok").to_numpy()[rows] & np.array(
-            [length is None for length in lengths], dtype=bool
-        )
+    codes = np.zeros(n, dtype=np.int64)
+    if "kind" in qa:  # a categorical column: each distinct value is checked once
+        column = qa["kind"].astype("category")
+        named = [KINDS.index(name) if name in KINDS else -1 for name in column.cat.categories]
+        codes = np.array([*named, 0], dtype=np.int64)[column.cat.codes.to_numpy()]
+        empty = (column == "").to_numpy()
+        codes[empty] = KINDS.index(SINGLE)
+        _refuse(path, qa["qa_id"], codes < 0, f"a kind that is none of {', '.join(KINDS)}")
+    relevant = np.select(
+        [codes == KINDS.index(UNANSWERABLE), codes == KINDS.index(MULTI_HOP)], [0, UNKNOWN], 1
+    ).astype(np.int64)
+    if "chunk_ids" in qa:  # a hand-made exam without kinds: the chunks say
+        lengths = [_length(cell) for cell in qa["chunk_ids"].tolist()]
+        bad = (qa["status"] == "ok").to_numpy() & np.array([n is None for n in lengths], bool)
         _refuse(path, qa["qa_id"], bad, "chunk_ids that are no JSON array of ids")
-        relevant[rows] = [1 if length is None else length for length in lengths]
-        if "kind" not in qa:
-            codes = np.select([relevant == 0, relevant > 1], [2, 1], 0).astype(np.int64)
-    scored = (codes != KINDS.index(UNANSWERABLE)).astype(np.int64)
+        relevant = np.array([1 if length is None else length for length in lengths], np.int64)
+        codes = np.select([relevant == 0, relevant > 1], [2, 1], 0).astype(np.int64)
     categories = pd.Categorical.from_codes(codes, categories=pd.Index(KINDS))
-    return categories, np.maximum(relevant, scored)  # a question that is scored has R >= 1
+    return categories, relevant
 
 
 def _length(cell: str) -> int | None:
@@ -80,32 +77,42 @@ def found_ranks(
     ids: pd.Series,
     path: Path,
 ) -> npt.NDArray[np.object_]:
-    """For each `wanted` question (answered, several relevant chunks), the ranks it found them
-    at, from its `target_ranks` cell; None for the others."""
+    """For each `wanted` question (answered, several or UNKNOWN relevant chunks), the ranks it
+    found them at, from its `target_ranks` cell (None for the others); an UNKNOWN R becomes
+    the count of target_ranks, in place. Each distinct cell is parsed once."""
     found = np.full(len(wanted), None, dtype=object)
-    rows = np.flatnonzero(wanted)
-    if cells is None or not rows.size:
-        return found
-    for row, cell in zip(rows.tolist(), cells[rows].tolist(), strict=True):
-        ranks = rank_list(cell)
+    rows = np.flatnonzero(wanted) if cells is not None else np.zeros(0, np.int64)
+    texts = [str(cell) for cell in cells[rows]] if cells is not None else []
+    parsed: dict[str, tuple[int | None, ...] | None] = {}
+    for row, cell in zip(rows.tolist(), texts, strict=True):
+        ranks = parsed[cell] if cell in parsed else parsed.setdefault(cell, rank_list(cell))
+        if relevant[row] == UNKNOWN and ranks is not None and len(ranks) >= 2:
+            relevant[row] = len(ranks)  # a multi-hop question has two chunks or more
         if ranks is None or len(ranks) != relevant[row]:
-            qa_id = unescape_cell(str(ids.iloc[row]))
-            raise InputFileError(
-                path,
-                f"the row of qa_id {qa_id!r} needs target_ranks: a JSON array of "
-                f"{relevant[row]} ranks or nulls, one per chunk of its chunk_ids",
-            )
-        found[row] = tuple(rank for rank in ranks if rank is not None)
+            _wrong_ranks(path, unescape_cell(str(ids.iloc[row])), int(relevant[row]))
+        found[row] = tuple(rank for rank in ranks or () if rank is not None)
+    relevant[relevant == UNKNOWN] = 2  # a multi-hop question not answered: two, as written
     return found
+
+
+def _wrong_ranks(path: Path, qa_id: str, relevant: int) -> None:
+    chunks = f"{relevant} ranks or nulls, one per chunk of its chunk_ids"
+    if relevant == UNKNOWN:
+        chunks = "a rank or null for each of its chunk_ids (a multi-hop question has two or more)"
+    raise InputFileError(
+        path, f"the row of qa_id {qa_id!r} needs target_ranks: a JSON array of {chunks}"
+    )
 
 
 def declines(
     values: Mapping[str, npt.NDArray[Any]], unanswerable: BoolArray
-) -> tuple[FloatArray, FloatArray]:
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """For each graded unanswerable question, 1.0 or 0.0: did the answer decline, did it make
     facts up (NaN for the others). From the judge's verdicts, else its scores."""
     completeness, conciseness = values["completeness"], values["conciseness"]
-    declined, made_up = np.full(len(unanswerable), np.nan), np.full(len(unanswerable), np.nan)
+    # float32: a flag in a column of a million questions (NaN for the other kinds)
+    declined = np.full(len(unanswerable), np.nan, dtype=np.float32)
+    made_up = np.full(len(unanswerable), np.nan, dtype=np.float32)
     rows = np.flatnonzero(unanswerable & ~np.isnan(completeness))
     empty = np.full(len(unanswerable), "", dtype=object)
     verdicts, statements = (values.get(name, empty) for name in VERDICTS)

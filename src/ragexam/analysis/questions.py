@@ -13,7 +13,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from ragexam.analysis.controlruns import COLUMNS
-from ragexam.analysis.kinds import VERDICTS, declines, exam_kinds, found_ranks
+from ragexam.analysis.kinds import UNKNOWN, VERDICTS, declines, exam_kinds, found_ranks
 from ragexam.analysis.summary import DEFAULT_K, TEXTS
 from ragexam.errors import InputFileError
 from ragexam.io.cells import UNANSWERABLE
@@ -22,6 +22,9 @@ from ragexam.io.manifest import read_manifest
 from ragexam.io.runfolder import RunFolder
 
 IntArray = npt.NDArray[np.int64]
+# Columns of a handful of distinct values, read as categories: a million rows of them then
+# take a few MB, and each distinct value is parsed once.
+FEW_VALUES = frozenset({"kind", "target_ranks"})
 
 
 def _stage(manifest: dict[str, Any], name: str) -> dict[str, Any]:
@@ -85,7 +88,8 @@ def _read(path: Path, columns: tuple[str, ...], numbers: tuple[str, ...] = ()) -
         missing = [name for name in columns if name not in header]
         if missing:
             raise InputFileError(path, f"lacks the column(s) {', '.join(missing)}")
-        dtypes = {name: "float64" if name in numbers else str for name in columns}
+        dtypes: dict[str, Any] = {name: "float64" if name in numbers else str for name in columns}
+        dtypes |= {name: "category" for name in columns if name in FEW_VALUES}
         return pd.read_csv(
             path,
             usecols=list(columns),
@@ -190,14 +194,16 @@ def load_questions(out: Path, *, texts: bool = False) -> pd.DataFrame:
     """
     folder = RunFolder(out)
     qa_path = folder.exam()  # answer records where its exam came from
-    optional = _present(qa_path, ("kind", "chunk_ids"))
+    # With kinds, a multi-hop question's count of chunks is that of its target_ranks: a
+    # million ids need not be read.
+    optional = _present(qa_path, ("kind",)) or _present(qa_path, ("chunk_ids",))
     qa = _read(qa_path, ("qa_id", "document", "status", *optional, *(TEXTS if texts else ())))
     index = pd.Index(qa["qa_id"])
     if not index.is_unique:
         repeated = unescape_cell(str(qa["qa_id"][index.duplicated()].iloc[0]))
         raise InputFileError(qa_path, f"repeats qa_id {repeated!r}; each needs its own")
     kinds, relevant = exam_kinds(qa, qa_path)
-    several = relevant > 1  # only these need target_ranks: one chunk's rank is target_rank
+    several = (relevant > 1) | (relevant == UNKNOWN)  # one chunk's rank is target_rank
     wanted = ("answer",) * texts + ("target_ranks",) * bool(several.any())
     answers_path = folder.answers_read()
     answers = _aligned(answers_path, index, ("target_rank",), wanted)
@@ -218,12 +224,13 @@ def load_questions(out: Path, *, texts: bool = False) -> pd.DataFrame:
             "judged": judgments.ok,
             "rank": answers.values["target_rank"],
             "kind": kinds,
-            "relevant": relevant,
-            "found": found,
+            "relevant": relevant.astype(np.int8),  # a byte a question: a million are many
             "completeness": judgments.values["completeness"],
             "conciseness": judgments.values["conciseness"],
         }
     )
+    if several.any():  # kept only when some question has several chunks, for the same reason
+        frame["found"] = found
     if unanswerable:
         frame["declined"], frame["made_up"] = declines(judgments.values, kinds == UNANSWERABLE)
     if texts:

@@ -57,7 +57,8 @@ class RankStates:
 def question_states(questions: pd.DataFrame, k: int) -> RankStates:
     """The states of load_questions' questions: their best rank, R and found ranks."""
     best, relevant = questions["rank"].to_numpy(), questions["relevant"].to_numpy()
-    return rank_states(best, relevant, questions["found"].to_numpy(), k)
+    found = questions["found"].to_numpy() if "found" in questions else ()
+    return rank_states(best, relevant, found, k)
 
 
 def rank_states(
