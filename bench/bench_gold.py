@@ -19,7 +19,8 @@ from typing import Any
 
 from common import FakeOpenAI, parse_args, print_rates
 
-from ragexam.stages import answer as answer_module
+import ragexam
+from ragexam.rag import base as rag_base
 
 BATCH = 64
 
@@ -51,7 +52,7 @@ def build(tmp: Path, rows: int) -> Path:
 
 def timed_reads(spent: list[float]) -> Any:
     """answer's get_chunks, adding each call's seconds to `spent`."""
-    original = answer_module.get_chunks
+    original = rag_base.get_chunks
 
     def reading(collection: Any, ids: list[str]) -> dict[str, str]:
         started = time.perf_counter()
@@ -66,7 +67,6 @@ def timed_reads(spent: list[float]) -> Any:
 def main() -> None:
     """Run the stage in this process with timed store reads, then compare read sizes."""
     args = parse_args()
-    from ragexam.config import AnswerContext, load_settings
     from ragexam.store.chroma import StoreRef, get_chunks, open_collection
 
     with tempfile.TemporaryDirectory() as name, FakeOpenAI(latency=args.latency) as server:
@@ -74,19 +74,18 @@ def main() -> None:
         os.environ.update(OPENAI_BASE_URL=server.base_url, OPENAI_API_KEY="bench")
         store = build(tmp, args.rows)
         spent: list[float] = []
-        answer_module.get_chunks = timed_reads(spent)
-        options = answer_module.AnswerOptions(
-            StoreRef(path=store), tmp / "run", context=AnswerContext.gold
-        )
+        rag_base.get_chunks = timed_reads(spent)  # the one read the answerers make
         started = time.perf_counter()
-        result = answer_module.run_answer(load_settings(concurrency=args.concurrency), options)
+        result = ragexam.answer(
+            store, out=tmp / "run", context="gold", concurrency=args.concurrency
+        )
         wall = time.perf_counter() - started
-        answer_module.get_chunks = get_chunks
+        rag_base.get_chunks = get_chunks
         collection = open_collection(StoreRef(path=store))
         ids = [f"c{i}" for i in range(min(args.rows, 2000))]
         single = _per_question(lambda batch: get_chunks(collection, batch), ids, 1)
         batched = _per_question(lambda batch: get_chunks(collection, batch), ids, BATCH)
-    print_rates("answer --context gold", args, result.outcome.ok / wall, None)
+    print_rates("answer --context gold", args, result.figures["rows_ok"] / wall, None)
     print(f"  store reads: {len(spent)} calls, {sum(spent):.2f} s of {wall:.2f} s wall")
     print(f"  store reads / wall = {sum(spent) / wall:.3f}   (target <= 0.10)")
     print(

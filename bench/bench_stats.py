@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ragexam.analysis.stats import StatsOptions, run_stats
+import ragexam
 
 FILES = ("qa_dataset.csv", "answers.csv", "judgments.csv")
 ERROR_SHARE = 0.01
@@ -186,9 +186,7 @@ def read_all(folder: Path) -> None:
 def measure(action: str, folder: Path) -> None:
     """In a fresh process: seconds taken and peak resident memory added, as JSON."""
     work: Callable[[], object] = (
-        (lambda: run_stats(StatsOptions(folder)))
-        if action != "read_csv"
-        else lambda: read_all(folder)
+        (lambda: ragexam.stats(out=folder)) if action != "read_csv" else lambda: read_all(folder)
     )
     before = _maxrss_mb()
     start = time.perf_counter()

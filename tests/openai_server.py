@@ -12,7 +12,6 @@ import struct
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
@@ -23,6 +22,7 @@ from typing import Any
 
 from batch_api import BatchFaults, BatchLine
 from batch_server import BatchServer
+from limits import Bucket, SlidingWindow
 
 JSON = dict[str, Any]
 MODEL = "fake-model"
@@ -144,9 +144,7 @@ class FakeOpenAI:
         self._lock = threading.Lock()
         self._attempts: dict[str, int] = {}
         self._faulted: dict[str, int] = {}
-        self._admitted: deque[float] = deque()  # times of the chat calls inside the window
-        self._billed: deque[tuple[float, int]] = deque()  # (time, prompt tokens) inside it
-        self._bucket: tuple[float, float] | None = None  # (calls it holds, when), full at first
+        self._limits: dict[tuple[Any, ...], SlidingWindow | Bucket] = {}  # by kind and size
         self._stopping = threading.Event()
         self._conns: set[socket.socket] = set()
         self._server: _Server | None = None
@@ -215,9 +213,7 @@ class FakeOpenAI:
             self._attempts.clear()
             self._faulted.clear()
             self.listings.clear()
-            self._admitted.clear()
-            self._billed.clear()
-            self._bucket = None
+            self._limits.clear()
         self.batches.reset()
         self.faults = Faults()
         self.quirks = Quirks()
@@ -346,13 +342,14 @@ class FakeOpenAI:
         """Set rec.fault and return the error reply it calls for; a hang only delays."""
         faults = self.faults
         limited = chat and not batch  # a batch paces its own lines: the sync limits see none
-        wait = self._window_wait() if limited and faults.rpm_limit else None
+        wait = self._admit(("rpm", faults.rpm_limit, faults.rpm_window)) if limited else None
         if wait is not None:
             return _refused(rec, "rpm_limit", wait, "requests")
-        wait = self._bucket_wait() if limited and faults.bucket_rate else None
+        wait = self._admit(("bucket", faults.bucket_rate, faults.bucket_size)) if limited else None
         if wait is not None:
             return _refused(rec, "bucket_limit", wait, "requests")
-        wait = self._token_wait(self.count_tokens(text)) if limited and faults.tpm_limit else None
+        tokens = self.count_tokens(text) if limited and faults.tpm_limit else 0
+        wait = self._admit(("tpm", faults.tpm_limit, faults.tpm_window), tokens) if tokens else None
         if wait is not None:
             return _refused(rec, "tpm_limit", wait, "tokens")
         status = faults.status_if(text) if faults.status_if else None
@@ -372,47 +369,17 @@ class FakeOpenAI:
             self._stopping.wait(faults.hang_seconds)  # stop() sets the event: no long wait
         return None
 
-    def _window_wait(self) -> float | None:
-        """Admit a call into the sliding window, or say how long until a slot frees."""
-        limit, window = self.faults.rpm_limit or 0, self.faults.rpm_window
-        now = time.monotonic()
+    def _admit(self, limit: tuple[Any, ...], cost: int = 1) -> float | None:
+        """Take a call (or its tokens) under one of the faults' limits, if it is set; else the
+        seconds until it would fit (limits.py)."""
+        kind, first, second = limit  # rpm/tpm: the limit and its window; bucket: rate and size
+        if not first:
+            return None
         with self._lock:
-            while self._admitted and self._admitted[0] <= now - window:
-                self._admitted.popleft()
-            if len(self._admitted) < limit:
-                self._admitted.append(now)
-                return None
-            return self._admitted[0] + window - now
-
-    def _bucket_wait(self) -> float | None:
-        """Take a call from the token bucket, or say how long until it holds one."""
-        rate, size = self.faults.bucket_rate or 0.0, self.faults.bucket_size
-        now = time.monotonic()
-        with self._lock:
-            held, then = self._bucket or (float(size), now)
-            held = min(float(size), held + (now - then) * rate)
-            if held >= 1:
-                self._bucket = (held - 1, now)
-                return None
-            self._bucket = (held, now)
-            return (1 - held) / rate
-
-    def _token_wait(self, tokens: int) -> float | None:
-        """Admit a call's prompt tokens into the sliding window, or say when they would fit."""
-        limit, window = self.faults.tpm_limit or 0, self.faults.tpm_window
-        now = time.monotonic()
-        with self._lock:
-            while self._billed and self._billed[0][0] <= now - window:
-                self._billed.popleft()
-            used = sum(billed for _, billed in self._billed)
-            if used + tokens <= limit:
-                self._billed.append((now, tokens))
-                return None
-            for at, billed in self._billed:  # the oldest calls leave the window first
-                used -= billed
-                if used + tokens <= limit:
-                    return at + window - now
-            return window  # larger than the whole limit: never admitted
+            if limit not in self._limits:
+                made = Bucket(first, second) if kind == "bucket" else SlidingWindow(first, second)
+                self._limits[limit] = made
+            return self._limits[limit].admit(time.monotonic(), cost)
 
     def _draw_fault(self, key: str, *, chat: bool) -> str | None:
         """This attempt's random fault: reproducible per (seed, body, attempt), capped per body."""

@@ -134,6 +134,7 @@ def test_openai_embedding_on_a_langchain_store(env: FakeOpenAI, tmp_path: Path) 
     assert manifest["stages"]["answer"]["k"] == 3
 
 
+@pytest.mark.slow
 def test_the_example_rag_callable_end_to_end(
     env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -217,6 +218,7 @@ def test_a_raising_rag_gives_error_rows_not_a_crash(env: FakeOpenAI, tmp_path: P
     assert rows["b"]["answer"] == "" and rows["b"]["target_rank"] == ""
 
 
+@pytest.mark.slow
 def test_sigkill_midway_then_rerun_answers_each_question_once(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:

@@ -94,3 +94,21 @@ def test_the_figures_are_plain_values_and_run_frames_the_summary(
     assert "completeness_mean" in summary and "question" not in summary
     json.dumps(result.figures["stats"])  # numpy scalars would be refused
     assert type(result.figures["stats"]["questions"]) is int
+
+
+def test_a_session_shared_by_calls_reads_one_copy_of_the_store(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    store = build_store(tmp_path / "store", docs(4))
+    notes: list[str] = []
+
+    class Noting(ragexam.Observer):
+        def note(self, text: str) -> None:
+            notes.append(text)
+
+    with ragexam.Session(observer=Noting()) as session:
+        ragexam.generate(store, session=session)
+        ragexam.answer(store, rag=my_rag, session=session)
+        copies = list(session.snapshots._made.values())
+    assert len(copies) == 1 and sum("reading a snapshot" in note for note in notes) == 1
+    assert not copies[0].path.exists()  # removed when the session closed

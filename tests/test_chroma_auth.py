@@ -56,6 +56,9 @@ def seed(url: str) -> None:
     )
 
 
+pytestmark = pytest.mark.slow  # a Chroma server of its own, started once for the module
+
+
 @pytest.fixture(scope="module")
 def secured_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Chroma's server with token authentication on 127.0.0.1; yields its URL."""

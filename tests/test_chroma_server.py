@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from openai_server import FakeOpenAI
 from support import free_port, read_csv, run_cli
 
 
+@pytest.mark.slow
 def test_generate_through_a_chroma_server(
     env: FakeOpenAI, tmp_path: Path, chroma_server: str
 ) -> None:

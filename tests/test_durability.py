@@ -87,6 +87,7 @@ def test_k_and_embedding_are_part_of_the_fingerprint(env: FakeOpenAI, tmp_path: 
     assert env.count() == 3 + N
 
 
+@pytest.mark.slow
 def test_a_second_writer_is_refused_naming_the_first(
     env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -117,6 +118,7 @@ def test_a_second_writer_is_refused_naming_the_first(
     assert not [p for p in (tmp_path / "run").iterdir() if p.name.endswith(".tmp")]
 
 
+@pytest.mark.slow
 def test_a_killed_writer_leaves_no_lock_behind(env: FakeOpenAI, tmp_path: Path) -> None:
     store = build_store(tmp_path / "store", docs(4))
     (tmp_path / "run").mkdir()
@@ -141,6 +143,7 @@ def test_a_killed_writer_leaves_no_lock_behind(env: FakeOpenAI, tmp_path: Path) 
     assert len(read_csv(tmp_path / "run" / "qa_dataset.csv")) == 4
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_one_line_leaves_whole_rows_and_a_failed_manifest(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:

@@ -7,12 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from openai_server import FakeOpenAI
 from support import read_csv, run_cli
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
+@pytest.mark.slow
 def test_load_corpus_then_generate(env: FakeOpenAI, tmp_path: Path) -> None:
     store = tmp_path / "chroma"
     loaded = subprocess.run(

@@ -76,6 +76,7 @@ def test_an_unreachable_endpoint_stops_the_stage_with_exit_4(
     assert len(read_csv(output) if output.exists() else []) < 20  # not 300 error rows
 
 
+@pytest.mark.slow
 def test_sigterm_is_an_interrupt_that_keeps_every_finished_row(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:

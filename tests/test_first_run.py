@@ -36,6 +36,7 @@ def forget(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
         monkeypatch.delenv(name)
 
 
+@pytest.mark.slow
 def test_a_key_in_dotenv_serves_the_stored_embedding_function(
     env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -57,6 +58,7 @@ def test_a_key_in_dotenv_serves_the_stored_embedding_function(
     assert embeds and {r.headers.get("authorization") for r in embeds} == {"Bearer sk-from-dotenv"}
 
 
+@pytest.mark.slow
 def test_the_loader_without_a_key_fails_in_one_line(
     env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -95,6 +97,7 @@ def test_judge_creates_a_new_out_folder_and_stats_finds_the_exam(
     assert overall["questions"] == "6" and overall["n_judged"] == "6"
 
 
+@pytest.mark.slow
 def test_bring_your_own_rag_as_documented(env: FakeOpenAI, tmp_path: Path) -> None:
     assert load_corpus(tmp_path / "chroma", "--embedding", "openai:fake-embed").returncode == 0
     assert run_cli("generate", "--chroma", "chroma").exit_code == 0

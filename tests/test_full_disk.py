@@ -37,6 +37,7 @@ def grow(disk: Path) -> None:
     subprocess.run(["mount", "-o", "remount,size=4m", str(disk)], check=True, timeout=30)
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_one_line_keeps_whole_rows_and_a_failed_manifest(
     env: FakeOpenAI, tmp_path: Path, small_disk: Path
 ) -> None:

@@ -31,6 +31,7 @@ def test_one_ok_row_per_chunk_with_its_id_and_document(env: FakeOpenAI, tmp_path
     assert env.count() == 200
 
 
+@pytest.mark.slow
 def test_rate_limits_and_server_errors_are_retried_within_budget(
     env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -184,6 +185,7 @@ def test_formula_quotes_newlines_and_unicode_survive_the_csv(
     assert not [cell for cell in cells if cell[:1] in ("=", "+", "-", "@", "\t", "\r")]
 
 
+@pytest.mark.slow
 def test_a_hung_call_times_out_and_is_retried(
     env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

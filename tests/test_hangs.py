@@ -16,6 +16,7 @@ from openai_server import FakeOpenAI
 from support import questions, read_csv, run_cli, write_qa
 
 
+@pytest.mark.slow
 def test_a_chroma_server_that_never_answers_is_a_one_line_error(
     env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -70,6 +71,7 @@ def test_a_stuck_rag_call_times_out_into_an_error_row(env: FakeOpenAI, tmp_path:
     assert {rows[q]["status"] for q in ("q0", "q2", "q3")} == {"ok"}
 
 
+@pytest.mark.slow
 def test_one_ctrl_c_ends_a_run_stuck_in_a_rag_call(env: FakeOpenAI, tmp_path: Path) -> None:
     questions(tmp_path / "run", 4)
     (tmp_path / "sleepy_rag2.py").write_text(SLEEPY_RAG)
@@ -105,6 +107,7 @@ def test_one_ctrl_c_ends_a_run_stuck_in_a_rag_call(env: FakeOpenAI, tmp_path: Pa
     assert rows == {"q0": "ok", "q2": "ok", "q3": "ok"}  # every finished row is kept
 
 
+@pytest.mark.slow
 def test_a_chroma_server_that_stalls_during_answer_is_a_one_line_error(
     env: FakeOpenAI,
     tmp_path: Path,

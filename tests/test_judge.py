@@ -185,6 +185,7 @@ def test_a_changed_prompt_or_model_refuses_to_mix_unless_forced(
     assert env.count() == 8
 
 
+@pytest.mark.slow
 def test_sigkill_then_rerun_judges_each_question_once(env: FakeOpenAI, tmp_path: Path) -> None:
     exam(tmp_path / "run", 150)
     env.latency = 0.05

@@ -168,6 +168,7 @@ def test_a_rerun_grades_no_control_twice_and_another_seed_replaces_them(
     assert 0 < len(changed) < 32 and env.count() == 12 + 32 + len(changed)
 
 
+@pytest.mark.slow
 def test_sigkill_during_the_controls_then_rerun_grades_each_control_once(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:

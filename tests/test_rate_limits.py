@@ -1,4 +1,9 @@
-"""429s are "not now": no row is lost to them, and calls in flight adapt to a real rate limit."""
+"""429s are "not now": no row is lost to them, and calls in flight adapt to a real rate limit.
+
+On the real clock, through the CLI and HTTP: one test per limiter (the adaptive window and
+learned rate, --rpm). test_pacing.py makes the same claims on virtual time, and more of them
+(a bucket limit, a one-minute window), in milliseconds.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ def chunk_of(text: str) -> str:
     return found.group(1)
 
 
+@pytest.mark.slow
 def test_429s_do_not_count_against_retries_and_lose_no_row(
     env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -61,6 +67,7 @@ def rate_limited_run(
     return rows, ROWS / seconds / RATE, limited / len(chats), result.output
 
 
+@pytest.mark.slow
 def test_adaptive_concurrency_settles_under_a_real_rate_limit(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:
@@ -76,6 +83,7 @@ def test_adaptive_concurrency_settles_under_a_real_rate_limit(
     assert f"~{rpm:,} calls/min" in " ".join(output.split()), output
 
 
+@pytest.mark.slow
 def test_rpm_paces_calls_under_the_limit(env: FakeOpenAI, tmp_path: Path) -> None:
     # A window twice as long: a short one counts the server's own scheduling jitter (requests
     # handled late arrive bunched) as a burst, which the real one-minute window would not.
@@ -87,6 +95,7 @@ def test_rpm_paces_calls_under_the_limit(env: FakeOpenAI, tmp_path: Path) -> Non
     assert throughput >= 0.75, throughput  # paced at 95% of the limit, so not far under it
 
 
+@pytest.mark.slow
 def test_a_log_gets_plain_progress_lines_with_429s_and_the_pause(
     env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -106,30 +115,3 @@ def test_a_log_gets_plain_progress_lines_with_429s_and_the_pause(
     assert done == sorted(done)  # rows done only go up
     record = json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["generate"]
     assert record["rate_limited"] == sum(request.fault == "429" for request in env.requests)
-
-
-def test_a_bucket_limit_that_lets_a_burst_through_first_is_learned_and_kept(
-    env: FakeOpenAI, tmp_path: Path
-) -> None:
-    # OpenAI's limiter refills continuously: a full bucket lets a burst through, so the first
-    # storm comes early and the rate learned from it is too high. 429s must correct it.
-    store = build_store(tmp_path / "store", docs(ROWS))
-    env.latency = 1.0
-    env.faults = Faults(bucket_rate=RATE, bucket_size=int(RATE))  # a second's worth at once
-    # 32 in flight, twice what the limit needs: the first burst's 429s, which nothing can
-    # know to avoid, are then not most of the bound below.
-    args = ("generate", "--chroma", str(store), "--out", "run", "--concurrency", "32")
-    result = run_cli(*args)
-    assert result.exit_code == 0, result.output
-    rows = read_csv(tmp_path / "run" / "qa_dataset.csv")
-    assert len(rows) == ROWS and {row["status"] for row in rows} == {"ok"}
-    chats = [request for request in env.requests if request.path.endswith("/chat/completions")]
-    seconds = chats[-1].at - chats[0].at + env.latency
-    ideal = (ROWS - RATE) / RATE + env.latency  # the bucket's burst, then RATE a second
-    assert ideal / seconds >= 0.85, ideal / seconds
-    limited = [request.fault == "bucket_limit" for request in chats]
-    assert sum(limited) / len(chats) <= 0.20, sum(limited) / len(chats)
-    later = [
-        hit for hit, request in zip(limited, chats, strict=True) if request.at > chats[0].at + 6
-    ]
-    assert sum(later) / len(later) <= 0.05, sum(later) / len(later)  # learned, then kept

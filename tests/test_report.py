@@ -34,6 +34,7 @@ def test_report_is_self_contained_and_escaped(report: Path) -> None:
     assert "Completeness below 0.6 is low, hit rate below 0.7 is low" in html
 
 
+@pytest.mark.slow
 def test_report_renders_in_headless_chromium(report: Path, tmp_path: Path) -> None:
     if not CHROMIUM.exists():
         if os.environ.get("CI"):

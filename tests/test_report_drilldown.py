@@ -116,6 +116,7 @@ def open_page(browser: Any, width: int, height: int) -> Any:
     return page
 
 
+@pytest.mark.slow
 def test_filters_work_without_script(tmp_path: Path, browser: Any) -> None:
     truth = drill_run(tmp_path / "run", 60)
     assert run_cli("stats", "--out", str(tmp_path / "run")).exit_code == 0
@@ -149,6 +150,7 @@ def test_filters_work_without_script(tmp_path: Path, browser: Any) -> None:
     assert any(doc in dot for dot in dots for doc in DOCS)  # the scatter's dots say which they are
 
 
+@pytest.mark.slow
 def test_a_5000_question_report_opens_in_under_2_seconds(tmp_path: Path, browser: Any) -> None:
     drill_run(tmp_path / "run", 5000)
     assert run_cli("stats", "--out", str(tmp_path / "run")).exit_code == 0
@@ -163,6 +165,7 @@ def test_a_5000_question_report_opens_in_under_2_seconds(tmp_path: Path, browser
     assert loaded < 2000 and seconds < 4
 
 
+@pytest.mark.slow
 def test_a_phone_gets_no_horizontal_overflow_and_readable_charts(
     tmp_path: Path, browser: Any
 ) -> None:

@@ -129,6 +129,7 @@ def test_a_planted_key_is_in_no_output_of_a_good_run(
     assert '"openai_api_key": "set"' in (tmp_path / "run" / "manifest.json").read_text()
 
 
+@pytest.mark.slow
 def test_sigkill_midway_then_rerun_loses_nothing_and_repeats_little(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:
@@ -163,6 +164,7 @@ def _chunk_of(body: dict[str, object]) -> str:
     return f"chunk-{int(text.split('widget ', 1)[1].split(' ', 1)[0]):04d}"
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_every_finished_row_and_says_so(env: FakeOpenAI, tmp_path: Path) -> None:
     store = build_store(tmp_path / "store", docs(100))
     env.latency = 0.05

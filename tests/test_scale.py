@@ -186,6 +186,7 @@ def test_the_proxy_the_environment_names_is_used(
 # -- time to the first call -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_command_loads_only_the_libraries_it_uses() -> None:
     code = (
         "import sys\n"
@@ -217,6 +218,7 @@ def test_a_command_leaves_the_cycle_collector_as_it_found_it(
     assert gc.isenabled() and gc.get_freeze_count() == 0
 
 
+@pytest.mark.slow
 def test_an_https_endpoint_is_checked_against_trusted_roots(
     env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

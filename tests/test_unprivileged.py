@@ -56,6 +56,7 @@ def as_nobody(env: FakeOpenAI, shared: Path) -> Run:
     return run
 
 
+@pytest.mark.slow
 def test_an_out_folder_nobody_may_write_is_one_line_before_any_call(
     env: FakeOpenAI, shared: Path, as_nobody: Run
 ) -> None:
@@ -77,6 +78,7 @@ def test_an_out_folder_nobody_may_write_is_one_line_before_any_call(
     assert env.count() == calls and hashes(taken) == before and not (taken / "new").exists()
 
 
+@pytest.mark.slow
 def test_an_output_file_nobody_may_write_is_one_line_keeping_its_rows(
     env: FakeOpenAI, tmp_path: Path, shared: Path, as_nobody: Run
 ) -> None:
@@ -96,6 +98,7 @@ def test_an_output_file_nobody_may_write_is_one_line_keeping_its_rows(
     assert len(read_csv(mine / "answers.csv")) == 2
 
 
+@pytest.mark.slow
 def test_a_store_nobody_may_write_is_read_from_a_snapshot_and_left_as_it_was(
     env: FakeOpenAI, shared: Path, as_nobody: Run
 ) -> None:

@@ -14,9 +14,12 @@ from ragexam.api import (
     run,
     stats,
 )
+from ragexam.stages.session import Observer, Session
 
 __all__ = [
+    "Observer",
     "Result",
+    "Session",
     "__version__",
     "answer",
     "calibrate",

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
-import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +38,8 @@ from ragexam.options import (
     STATS,
     Given,
     Spec,
+    hints,
+    meta,
 )
 from ragexam.stages.session import Session, session_for
 from ragexam.stages.setup import settings_for
@@ -108,7 +109,7 @@ def signature(spec: Spec) -> inspect.Signature:
         inspect.Parameter(
             item.name,
             kinds[item.name in spec.positional],
-            default=item.default,
+            default=inspect.Parameter.empty if meta(item).required else item.default,
             annotation=option_type(slot, item.name),
         )
         for slot, item in ordered
@@ -121,7 +122,7 @@ def signature(spec: Spec) -> inspect.Signature:
 
 def option_type(slot: str, name: str) -> Any:
     """An option's type, as the API takes it."""
-    return typing.get_type_hints(SLOTS[slot])[name]
+    return hints(SLOTS[slot])[name]
 
 
 def _in_own_loop(call: Callable[[], T]) -> T:
@@ -261,7 +262,8 @@ def _compare(given: Given, session: Session) -> Result:
     from ragexam.analysis.gates import check_regressions
 
     runs = given.comparing
-    result = run_compare(runs.run_a, runs.run_b, runs.out or runs.run_b, runs.seed)
+    run_a, run_b = Path(runs.run_a or "."), Path(runs.run_b or ".")  # required: never None
+    result = run_compare(run_a, run_b, runs.out or run_b, runs.seed)
     session.observer.compared(result)
     if runs.fail_on_regression:
         check_regressions(result.table)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import os
 import typing
 import warnings
@@ -45,6 +46,7 @@ class Meta:
     min: float | None = None
     max: float | None = None
     argument: bool = False  # a positional argument on the command line
+    required: bool = False  # no default: the command needs it (its field's None is "not given")
     cli_type: Any = None  # the CLI's type when the API takes more (a RAG object)
     help_by_command: Mapping[str, str] = field(default_factory=dict)  # where it reads otherwise
 
@@ -199,8 +201,8 @@ class Comparing:
     """The two runs compared."""
 
     PANEL: ClassVar[str] = "Comparing"
-    run_a: Path = option(Path(), "The earlier run folder.", argument=True)
-    run_b: Path = option(Path(), "The later run folder.", argument=True)
+    run_a: Path | None = option(None, "The earlier run folder.", argument=True, required=True)
+    run_b: Path | None = option(None, "The later run folder.", argument=True, required=True)
     out: Path | None = option(None, "Where comparison.csv goes [RUN_B].")
     seed: int = option(0, "Seed of the resampling.")
     fail_on_regression: bool = option(False, "Exit 3 if a metric's 95% CI is wholly below zero.")
@@ -325,6 +327,13 @@ class Spec:
         name this command does not take, as Python gives for a wrong keyword."""
         values = self._renamed(values)
         where = {item.name: slot for slot, item in self.fields()}
+        missing = [
+            n
+            for s, item in self.fields()
+            if meta(item).required and values.get(n := item.name) is None
+        ]
+        if missing:
+            raise TypeError(f"{self.name}() is missing the required argument {missing[0]!r}")
         unknown = [name for name in values if name not in where]
         if unknown:
             close = difflib.get_close_matches(unknown[0], list(where), n=1)
@@ -355,11 +364,17 @@ class Spec:
         return renamed
 
 
+@functools.cache
+def hints(group: type) -> dict[str, Any]:
+    """The types of a group's options, evaluated once (its annotations are strings)."""
+    return typing.get_type_hints(group)
+
+
 def _typed(group: type, name: str, value: Any) -> Any:
     """A value as its option's type holds it: a path for a str, an enum for its value."""
     if value is None or isinstance(value, bool):
         return value
-    kind = typing.get_type_hints(group)[name]
+    kind = hints(group)[name]
     for option in typing.get_args(kind) or (kind,):
         if option is Path and isinstance(value, str | os.PathLike):
             return Path(value)

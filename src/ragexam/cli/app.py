@@ -13,7 +13,6 @@ import inspect
 import signal
 import threading
 import traceback
-import typing
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +24,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from ragexam.config import debug_enabled
 from ragexam.errors import RagexamError
-from ragexam.options import COMMANDS, SLOTS, Deprecated, Spec, meta
+from ragexam.options import COMMANDS, SLOTS, Deprecated, Spec, hints, meta
 
 
 class Command(TyperCommand):
@@ -92,29 +91,32 @@ _KIND = inspect.Parameter.POSITIONAL_OR_KEYWORD
 def _parameter(spec: Spec, slot: str, item: Any) -> inspect.Parameter:
     """One option (or argument) as typer takes it: its type, flag, help, panel and bounds."""
     shown = meta(item)
-    kind = shown.cli_type or typing.get_type_hints(SLOTS[slot])[item.name]
+    kind = shown.cli_type or hints(SLOTS[slot])[item.name]
     text = escape(shown.help_by_command.get(spec.name, shown.help))  # "[x]" is not rich markup
     if shown.argument:
-        info: Any = typer.Argument(help=text, show_default=False)
+        info: Any = typer.Argument(help=text, show_default=False, metavar=item.name.upper())
     else:
         flag = shown.flag or "--" + item.name.replace("_", "-")
         extra: dict[str, Any] = {"min": shown.min, "max": shown.max}
         if kind is bool:
             extra = {"metavar": ""}  # no "<bool>": a flag takes no value
         info = typer.Option(flag, help=text, rich_help_panel=SLOTS[slot].PANEL, **extra)
-    return inspect.Parameter(
-        item.name, _KIND, default=item.default, annotation=Annotated[kind, info]
-    )
+    default = ... if shown.required else item.default  # ...: typer's "required"
+    return inspect.Parameter(item.name, _KIND, default=default, annotation=Annotated[kind, info])
 
 
 def build(spec: Spec, function: Callable[..., Any]) -> Callable[..., None]:
     """The command: parse, call the API function with a printing session, say what failed."""
 
     def command(**values: Any) -> None:
+        from ragexam.cli.collector import held_while_starting
         from ragexam.cli.printer import printing_session
 
-        with printing_session(spec.name) as session:
-            function(**{name: value for name, value in values.items()}, session=session)
+        with (
+            held_while_starting(spec.name) as collector,
+            printing_session(spec.name, collector) as session,
+        ):
+            function(**values, session=session)
 
     command.__name__ = spec.name
     command.__doc__ = HELP[spec.name]

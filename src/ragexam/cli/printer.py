@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
+from ragexam.cli.collector import Collector
 from ragexam.cli.display import (
     Starting,
     cost_text,
@@ -39,11 +40,15 @@ SKIPPED = {
 class Printer(Observer):
     """Draws each stage's bar, then its summary and cost; the tables of stats and compare."""
 
-    def __init__(self) -> None:
+    def __init__(self, collector: Collector | None = None) -> None:
         self.notes: list[str] = []
+        self.collector = collector
 
     def progress(self, stage: str) -> AbstractContextManager[Progress | None]:
-        """A progress bar on stderr (plain lines when it is not a terminal)."""
+        """A progress bar on stderr (plain lines when it is not a terminal); rows begin, so
+        the cycle collector held while the command started runs again."""
+        if self.collector is not None:
+            self.collector.release()
         return progress_bar(stage)
 
     def note(self, text: str) -> None:
@@ -131,9 +136,9 @@ class Printer(Observer):
 
 
 @contextmanager
-def printing_session(command: str) -> Iterator[Session]:
+def printing_session(command: str, collector: Collector | None = None) -> Iterator[Session]:
     """A session whose observer prints, with a transient "starting" line until the first bar."""
-    printer = Printer()
+    printer = Printer(collector)
     session = Session(observer=printer)
     try:
         with Starting.show(command):

@@ -2,6 +2,11 @@
 
 A `Session` is made by the caller (the CLI, or the API when none is given) and handed to every
 stage a command runs: `ragexam run` hands the same one to generate, answer, judge and stats.
+A notebook may share one across calls, so that a large store is copied once:
+
+    with ragexam.Session() as session:
+        ragexam.generate("db", session=session)
+        ragexam.answer("db", session=session)
 It holds the run folders' locks, the store snapshots, what was learned of the endpoint, and
 the `Observer` that is told what happens (the CLI prints it; the API's default says nothing).
 """
@@ -82,6 +87,12 @@ class Session:
     def close(self) -> None:
         """Delete the snapshots this session made."""
         self.snapshots.remove()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 @contextmanager

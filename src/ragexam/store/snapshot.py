@@ -70,6 +70,11 @@ class Snapshots:
         self._made[key] = made
         return made, True
 
+    @property
+    def made(self) -> list[Snapshot]:
+        """The snapshots made so far."""
+        return list(self._made.values())
+
     def existing(self, store: Path) -> Path | None:
         """Where the snapshot of a store is, if one was made."""
         made = self._made.get(store.resolve())
