@@ -27,7 +27,16 @@ def test_every_prompt_file_loads_and_declares_its_variables(path: Path) -> None:
 
 def test_every_stage_has_its_prompt_file() -> None:
     stems = {path.stem for path in prompts_dir().glob("*.toml")}
-    assert stems == {"generate", "answer", "answer_closed_book", "critic", "judge"}
+    assert stems == {
+        "generate",
+        "generate_multi_hop",
+        "generate_unanswerable",
+        "answer",
+        "answer_closed_book",
+        "critic",
+        "judge",
+        "key_points",
+    }
 
 
 def test_data_cannot_close_its_delimiter() -> None:

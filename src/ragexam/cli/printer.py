@@ -67,6 +67,8 @@ class Printer(Observer):
         self.say_notes()
         skipped = SKIPPED.get(stage, "").format(result.skipped) if result.skipped else None
         summary_line(stage.replace("_", " "), result, skipped)
+        for note in result.notes:
+            say(f"  {note}")
         if price is None:
             say("  cost: unknown: set RAGEXAM_PRICE_INPUT and RAGEXAM_PRICE_OUTPUT (USD/1M tokens)")
         else:

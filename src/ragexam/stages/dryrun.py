@@ -16,7 +16,7 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage
 
-from ragexam.analysis.controls import Source, build_controls
+from ragexam.analysis.controls import build_controls
 from ragexam.config import AnswerContext, Settings
 from ragexam.io.csvfile import read_rows
 from ragexam.io.runfolder import CONTROL_RUNS, RunFolder
@@ -28,7 +28,14 @@ from ragexam.rag.base import Question
 from ragexam.rag.given import PROMPTS
 from ragexam.stages.answer import needs_store, read_questions
 from ragexam.stages.generate import GeneratePlan, qa_id_for
-from ragexam.stages.judge import ControlPlan, Exam, JudgePlan, inputs, read_exams
+from ragexam.stages.judge import (
+    ControlPlan,
+    Exam,
+    JudgePlan,
+    control_sources,
+    inputs,
+    read_exams,
+)
 from ragexam.stages.session import Session
 from ragexam.stages.setup import store_ref
 from ragexam.store.chroma import get_chunks, iter_chunks, open_collection, release
@@ -99,7 +106,7 @@ def estimate_generate(settings: Settings, given: Given, session: Session) -> Est
         done, per_call = done_rows(
             RunFolder(given.out).qa_dataset, plan.llm.model, plan.prompt.hash
         )
-        rows, tasks = plan.tasks(done)
+        rows, tasks = plan.single_tasks(done)
         asked = [task for task in tasks if str(task.payload).strip()]
         prompts = [plan.messages(task) for task in asked]
         if plan.critic is not None:  # --check: one critic call per question written
@@ -170,12 +177,7 @@ def _judge(settings: Settings, given: Given, exams: list[Exam], session: Session
     graded = [_graded(plan, folder.judgments, "qa_id", "judge", settings)]
     if not given.grading.controls:
         return graded
-    sources = [
-        Source(exam.qa_id, exam.document, exam.question, exam.ground_truth)
-        for exam in exams
-        if exam.question is not None and exam.ground_truth is not None
-    ]
-    controls = build_controls(sources, given.grading.controls, given.folder.seed)
+    controls = build_controls(control_sources(exams), given.grading.controls, given.folder.seed)
     plan = ControlPlan(settings, given, controls, session)
     return [*graded, _graded(plan, folder.controls, "control_id", "judge_controls", settings)]
 

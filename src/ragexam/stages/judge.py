@@ -25,6 +25,7 @@ from ragexam.analysis.controls import (
 )
 from ragexam.config import Scale, Settings, StructuredMethod
 from ragexam.errors import LLMError, RowError
+from ragexam.io.cells import SINGLE, UNANSWERABLE
 from ragexam.io.csvfile import read_columns
 from ragexam.io.fingerprint import input_hash
 from ragexam.io.manifest import read_manifest
@@ -100,6 +101,7 @@ class Exam(NamedTuple):
     ground_truth: str | None
     answer: str
     document: str = ""
+    kind: str = SINGLE
 
     @property
     def input_hash(self) -> str:
@@ -136,10 +138,12 @@ def _joined(qa: Mapping[str, Sequence[str]], ids: list[str], replies: list[str])
         questions = [text if ok else None for text, ok in zip(questions, usable, strict=True)]
         truths = [text if ok else None for text, ok in zip(truths, usable, strict=True)]
     documents = [*qa.get("document", [""] * size), ""]
+    kinds = [*(kind or SINGLE for kind in qa.get("kind", [SINGLE] * size)), SINGLE]
     where = dict(zip(qa["qa_id"], range(size), strict=True))
     rows = [where.get(qa_id, size) for qa_id in ids]
     question, truth = map(questions.__getitem__, rows), map(truths.__getitem__, rows)
-    return list(map(Exam, ids, question, truth, replies, map(documents.__getitem__, rows)))
+    document, kind = map(documents.__getitem__, rows), map(kinds.__getitem__, rows)
+    return list(map(Exam, ids, question, truth, replies, document, kind))
 
 
 def run_judge(settings: Settings, given: Given, session: Session) -> StageResult:
@@ -156,11 +160,7 @@ def run_judge(settings: Settings, given: Given, session: Session) -> StageResult
 def run_controls(settings: Settings, given: Given, session: Session) -> StageResult:
     """Write `judge_controls.csv`: known answers to `--controls` of the exam's questions."""
     exams, _ = read_exams(*inputs(given))
-    sources = [
-        Source(exam.qa_id, exam.document, exam.question, exam.ground_truth)
-        for exam in exams[: given.calls.limit]
-        if exam.question is not None and exam.ground_truth is not None
-    ]
+    sources = control_sources(exams[: given.calls.limit])
     count, seed = given.grading.controls, given.folder.seed
     controls = build_controls(sources, count, seed)
     settings.api_key()
@@ -171,6 +171,19 @@ def run_controls(settings: Settings, given: Given, session: Session) -> StageRes
     record = {"controls": count, "seed": seed, "rows": len(controls)}
     outcome = _execute(settings, given, plan, stage, record, session)
     return StageResult(outcome, stage.path)
+
+
+def control_sources(exams: Sequence[Exam]) -> list[Source]:
+    """The questions controls are made of: single ones (else multi-hop ones). To an unanswerable
+    question "I don't know" is the right answer, not a control's wrong one; and a multi-hop
+    question's ground truth holds facts of another document, so it is no wrong answer there."""
+    graded = [
+        (Source(e.qa_id, e.document, e.question, e.ground_truth), e.kind)
+        for e in exams
+        if e.question is not None and e.ground_truth is not None
+    ]
+    single = [source for source, kind in graded if kind == SINGLE]
+    return single or [source for source, kind in graded if kind != UNANSWERABLE]
 
 
 def _exam_method(settings: Settings, out: Path) -> Settings:
