@@ -41,7 +41,7 @@ def generate(env: FakeOpenAI, tmp_path: Path, the_world: World, *args: str) -> P
     command = ["generate", "--chroma", str(store), "--out", str(out)]
     result = run_cli(*command, "--embedding", "openai:fake-embed", *args)
     assert result.exit_code == 0, result.output
-    (out / "output.txt").write_text(result.output, encoding="utf-8")
+    (tmp_path / "output.txt").write_text(result.output, encoding="utf-8")
     return out
 
 
@@ -74,7 +74,7 @@ def test_a_kept_multi_hop_question_needs_both_chunks_and_a_dropped_one_says_why(
     assert reasons["answerable from the first chunk alone"] == [(0, 1), (0, 2)]
     assert reasons["not answerable from both chunks"][0] == (1, 3)  # the invented fact
     assert {row["link"] for row in kept} == {"neighbours", "near"}
-    said = (out / "output.txt").read_text()
+    said = (tmp_path / "output.txt").read_text()
     assert f"multi-hop: kept {len(kept)} of 20 asked" in said and "1 not answerable" in said
 
 
@@ -199,3 +199,18 @@ def test_a_run_sits_and_grades_every_kind(env: FakeOpenAI, tmp_path: Path) -> No
     unanswerable = {qa_id for qa_id, row in exam.items() if row["kind"] == "unanswerable"}
     assert controls and not {row["qa_id"] for row in controls} & unanswerable
     assert all(row["passed"] == "true" for row in controls)
+
+
+def test_the_dry_run_counts_the_calls_a_run_without_drops_makes(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    clean = world(repeats=set(), invents=set(), answered=set())
+    args = ("--multi-hop", "3", "--unanswerable", "2")
+    generate(env, tmp_path, clean, "--dry-run", *args)
+    said = (tmp_path / "output.txt").read_text()
+    assert env.count() == 0 and "generate multi-hop: 3 rows to do, 21 calls" in said
+    assert "generate unanswerable: 2 rows to do, 6 calls" in said
+    generate(env, tmp_path, clean, *args)
+    assert env.count() == 8 + 21 + 6  # the single questions, then 7 and 3 calls a question
+    generate(env, tmp_path, clean, "--dry-run", *args)
+    assert "generate multi-hop: 0 rows to do, 0 calls" in (tmp_path / "output.txt").read_text()

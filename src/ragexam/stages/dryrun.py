@@ -8,6 +8,7 @@ estimates answer and judge before their inputs exist, from stand-in texts of tho
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 from itertools import islice
@@ -18,6 +19,7 @@ from langchain_core.messages import BaseMessage
 
 from ragexam.analysis.controls import build_controls
 from ragexam.config import AnswerContext, Settings
+from ragexam.io.cells import SINGLE
 from ragexam.io.csvfile import read_rows
 from ragexam.io.runfolder import CONTROL_RUNS, RunFolder
 from ragexam.llm.pacing import estimate_tokens, text_tokens
@@ -98,8 +100,9 @@ def done_rows(
     return {row[key] for row in rows}, (output / calls if calls else None)
 
 
-def estimate_generate(settings: Settings, given: Given, session: Session) -> Estimate:
-    """generate: one call per chunk still to do, except empty chunks."""
+def estimate_generate(settings: Settings, given: Given, session: Session) -> list[Estimate]:
+    """generate: one call per chunk still to do, except empty chunks; then the harder
+    questions still wanted (harder_estimates)."""
     store = store_ref(given, settings, session)
     plan = GeneratePlan(settings, given, store, open_collection(store), session)
     try:
@@ -115,9 +118,45 @@ def estimate_generate(settings: Settings, given: Given, session: Session) -> Est
                 plan.critic.fill(chunk=task.payload, question=half, answer=half) for task in asked
             )
             prompts += [plan.critic.template.format_messages(**value) for value in values]
-        return estimate("generate", plan.llm.model, rows, prompts, settings, per_call)
+        single = estimate("generate", plan.llm.model, rows, prompts, settings, per_call)
+        return [single, *harder_estimates(plan, done, settings)]
     finally:
         release(store)
+
+
+def harder_estimates(plan: GeneratePlan, done: set[str], settings: Settings) -> list[Estimate]:
+    """Per harder kind still wanted: its writing and every check of each question, as if each
+    candidate were kept at its first try (a dropped one costs fewer checks, and a write more)."""
+    if plan.harder is None:
+        return []
+    path = RunFolder(plan.out).qa_dataset
+    rows = read_rows(path, ["qa_id"]) if path.exists() else []
+    plan.harder.start(Counter(row.get("kind") or SINGLE for row in rows if row["qa_id"] in done))
+    filler, found = _filler(OUTPUT_TOKENS["generate"] / 2), []
+    verifier = plan.harder.verifier
+    for kind, item in plan.harder.asked.items():
+        picked = item.candidates[: item.quota.wanted]
+        checks = [prompt for c in picked for prompt in plan.harder.checks(c, filler)]
+        parts = [
+            estimate(
+                "generate", plan.llm.model, len(picked), map(plan.harder.messages, picked), settings
+            ),
+            estimate("answer", verifier.answerer.model, 0, checks[0::2], settings),
+            estimate("judge", verifier.judge.model, 0, checks[1::2], settings),
+        ]
+        costs = [part.cost_usd for part in parts]
+        found.append(
+            Estimate(
+                f"generate {kind}",
+                plan.llm.model,
+                len(picked),
+                sum(part.calls for part in parts),
+                sum(part.input_tokens for part in parts),
+                sum(part.output_tokens for part in parts),
+                None if None in costs else sum(cost or 0.0 for cost in costs),
+            )
+        )
+    return found
 
 
 def estimate_answer(settings: Settings, given: Given, session: Session) -> Estimate:
@@ -193,7 +232,7 @@ def _graded(plan: JudgePlan, path: Path, key: str, stage: str, settings: Setting
 
 def estimate_run(settings: Settings, given: Given, session: Session) -> list[Estimate]:
     """Every stage of `run`; answer and judge on stand-ins for texts that do not exist yet."""
-    first = estimate_generate(settings, given, session)
+    first, *harder = estimate_generate(settings, given, session)
     store = store_ref(given, settings, session)
     collection = open_collection(store)
     try:
@@ -206,7 +245,7 @@ def estimate_run(settings: Settings, given: Given, session: Session) -> list[Est
             second = Estimate("answer", f"rag:{given.answering.rag}", len(questions), 0, 0, 0, None)
         reply, documents = _filler(OUTPUT_TOKENS["answer"]), {c.id: c.document for c in kept}
         exams = [Exam(q.qa_id, half, half, reply, documents[q.chunk_id]) for q in questions]
-        estimates = [first, second, *_judge(settings, given, exams, session)]
+        estimates = [first, *harder, second, *_judge(settings, given, exams, session)]
         for folder, context in CONTROL_RUNS.items() if given.grading.control_runs else ():
             where = given.but(out=given.out / folder, context=context)
             estimates.append(_named(_answers(settings, where, questions, collection), folder))

@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from langchain_core.messages import BaseMessage
 from pydantic import BaseModel, Field, field_validator
 
 from ragexam.config import Settings
@@ -156,6 +157,12 @@ class Harder:
 
     async def _write(self, candidate: Candidate, tally: Tally) -> KeyedQA:
         """One call to the writer of the candidate's kind."""
+        reply = await self.llm.structured(self.messages(candidate), KeyedQA)
+        tally.add(reply)
+        return reply.value
+
+    def messages(self, candidate: Candidate) -> list[BaseMessage]:
+        """The writer's prompt for a candidate."""
         prompt = self.prompts[candidate.kind]
         texts = [chunk.text[: self.max_chars] for chunk in candidate.chunks]
         if candidate.kind == MULTI_HOP:
@@ -168,9 +175,21 @@ class Harder:
             )
         else:
             values = prompt.fill(chunk=texts[0], document=candidate.chunks[0].document)
-        reply = await self.llm.structured(prompt.template.format_messages(**values), KeyedQA)
-        tally.add(reply)
-        return reply.value
+        return prompt.template.format_messages(**values)
+
+    def checks(self, candidate: Candidate, written: str) -> list[list[BaseMessage]]:
+        """The verification prompts of a candidate whose question and key points are `written`
+        and whose checks all run (none fails early): for the dry run's estimate."""
+        texts = [chunk.text[: self.max_chars] for chunk in candidate.chunks]
+        if candidate.kind == MULTI_HOP:
+            contexts = [texts, texts[:1], texts[1:]]
+        else:  # the nearest chunks: as many as retrieved, each the seed's size
+            contexts = [texts * NEAREST]
+        return [
+            prompt
+            for context in contexts
+            for prompt in self.verifier.prompts(written, [written], context, written)
+        ]
 
     async def _verify(self, candidate: Candidate, written: KeyedQA, tally: Tally) -> Verdict:
         points = written.key_points

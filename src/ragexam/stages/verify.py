@@ -139,6 +139,14 @@ class Verifier:
         statements = tuple(item.verdict for item in marked.value.answer_statements)
         return Check(context, answer.value, verdicts, statements)
 
+    def prompts(
+        self, question: str, points: list[str], texts: list[str], answer: str
+    ) -> list[list[BaseMessage]]:
+        """A check's two prompts, the answerer's and the judge's (for the dry run)."""
+        values = self.answer_prompt.fill(question=question, context=context_block(texts))
+        asked = self.answer_prompt.template.format_messages(**values)
+        return [asked, self.marking(question, points, answer)]
+
     def marking(self, question: str, points: list[str], answer: str) -> list[BaseMessage]:
         """The judge's prompt: the question, the key points one per line, the answer."""
         listed = "\n".join(f"{number}. {point}" for number, point in enumerate(points, 1))
