@@ -35,7 +35,7 @@ def test_every_stage_has_its_prompt_file() -> None:
         "answer_closed_book",
         "critic",
         "judge",
-        "key_points",
+        "verify_key_points",
     }
 
 

@@ -92,7 +92,7 @@ class Verifier:
     def __init__(self, settings: Settings, session: Session, retriever: Retriever | None) -> None:
         memory = session.endpoints
         self.answer_prompt: Prompt = load_prompt("answer", settings.prompts_dir)
-        self.judge_prompt: Prompt = load_prompt("key_points", settings.prompts_dir)
+        self.judge_prompt: Prompt = load_prompt("verify_key_points", settings.prompts_dir)
         bound = settings.max_tokens_for("answer")
         self.answerer = LLM(settings, settings.model_for("answer"), max_tokens=bound, memory=memory)
         bound = settings.max_tokens_for("judge")
