@@ -214,3 +214,20 @@ def test_the_dry_run_counts_the_calls_a_run_without_drops_makes(
     assert env.count() == 8 + 21 + 6  # the single questions, then 7 and 3 calls a question
     generate(env, tmp_path, clean, "--dry-run", *args)
     assert "generate multi-hop: 0 rows to do, 0 calls" in (tmp_path / "output.txt").read_text()
+
+
+def test_a_rag_system_that_makes_facts_up_is_caught(env: FakeOpenAI, tmp_path: Path) -> None:
+    out = generate(env, tmp_path, world(answered=set()), "--unanswerable", "4")
+    # The system under test makes up the facts of records that no chunk holds.
+    guessing = world(answered=set(), guesses={"a.md", "b.md"})
+    env.responder, env.embed = guessing.respond, guessing.embed
+    common = ("--out", str(out), "--embedding", "openai:fake-embed")
+    assert run_cli("answer", "--chroma", str(tmp_path / "store"), *common).exit_code == 0
+    assert run_cli("judge", "--out", str(out)).exit_code == 0
+    result = run_cli("stats", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    by_kind = {row["kind"]: row for row in read_csv(out / "summary_by_kind.csv")}
+    assert by_kind["unanswerable"]["questions"] == "4"
+    assert float(by_kind["unanswerable"]["declined"]) == 0.0
+    assert float(by_kind["unanswerable"]["made_up"]) == 1.0
+    assert float(by_kind["single"]["completeness_mean"]) == 1.0  # what the store holds it knows

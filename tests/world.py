@@ -12,7 +12,8 @@ Harder exams: records are linked, neighbours in a document and `partners` across
 facts, and one chunk alone gives half of it. Verification can fail: a record in `repeats`
 restates the facts of the record before it (a pair of them is answered by one chunk), the
 writer adds a fact no chunk states about a record in `invents` (the pair cannot answer it),
-and asks about a record that exists instead of a missing one for a record in `answered`.
+and asks about a record that exists instead of a missing one for a record in `answered`. An
+answerer in a world whose `guesses` name a document makes up the facts of its missing records.
 A world in French (`language="fr"`) has French chunks, and its writer writes French only
 when the prompt asks for the chunk's language: left alone it writes English, as models do.
 """
@@ -87,6 +88,7 @@ class World:
     repeats: set[Record] = field(default_factory=set)
     invents: set[Record] = field(default_factory=set)
     answered: set[Record] = field(default_factory=set)
+    guesses: set[str] = field(default_factory=set)  # documents whose missing records it makes up
 
     def __post_init__(self) -> None:
         self.names = list(self.documents)
@@ -246,6 +248,10 @@ class World:
                 facts += FACT.findall(block)
         if facts:
             return ", ".join(dict.fromkeys(facts)) + "."
+        guessed = [(int(d), int(i)) for d, i in TAG.findall(question)]
+        if guessed and self.names[guessed[0][0]] in self.guesses:
+            d, i = guessed[0]
+            return f"fact{d}x{i}a, fact{d}x{i}b and fact{d}x{i}c."  # made up: no chunk says so
         french = "Quels" in question
         return WORDS["fr" if french else "en"]["not_there"]
 
