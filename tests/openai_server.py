@@ -530,19 +530,20 @@ def _default_reply(body: JSON) -> Reply:
     """The reply a cooperative model would give: schema-shaped JSON, a tool call, or a sentence."""
     messages = body.get("messages") or []
     key, words = _body_key(messages), _last_user_words(messages)
+    fake = partial(_fake, path=key, words=words, quote=_quote(messages))
     response_format = body.get("response_format") or {}
     if response_format.get("type") == "json_schema":
         schema = response_format.get("json_schema", {}).get("schema", {})
-        return Reply(content=json.dumps(_fake(schema, schema, key, words)))
+        return Reply(content=json.dumps(fake(schema, schema)))
     tool = _pick_tool(body)
     if tool is not None:
         schema = tool.get("parameters") or {}
-        args = json.dumps(_fake(schema, schema, key, words))
+        args = json.dumps(fake(schema, schema))
         return Reply(tool_args=args, finish_reason="tool_calls")
     schema = _prompt_schema(messages)
     if schema is None:
         return Reply(content=f"Reply {key[:8]}: " + " ".join(words[:12]))
-    data = json.dumps(_fake(schema, schema, key, words), indent=2)
+    data = json.dumps(fake(schema, schema), indent=2)
     if response_format.get("type") == "json_object":
         return Reply(content=data)
     return Reply(content=f"Here is the JSON you asked for.\n```json\n{data}\n```")
@@ -567,8 +568,20 @@ def _prompt_schema(messages: list[JSON]) -> JSON | None:
     return None
 
 
-def _fake(schema: Any, root: JSON, path: str, words: list[str]) -> Any:
-    """A deterministic instance of schema; path seeds the values and ends in the property name."""
+def _quote(messages: list[JSON]) -> str:
+    """The first words of the <answer> the last user message delimits: what a cooperative
+    judge quotes as its evidence."""
+    users = [message for message in messages if message.get("role") == "user"]
+    text = _content_text(users[-1].get("content")) if users else ""
+    found = re.search(r"<answer>\n(.*?)\n</answer>", text, re.DOTALL)
+    return " ".join(found.group(1).split()[:3]) if found else ""
+
+
+def _fake(schema: Any, root: JSON, path: str, words: list[str], quote: str = "") -> Any:
+    """A deterministic instance of schema; path seeds the values and ends in the property name.
+
+    A string property named `evidence` quotes the answer the prompt delimits, if it has one.
+    """
     node = _resolve(schema, root)
     if path.count(".") > 12:  # stop recursive schemas; null is the least wrong value
         return None
@@ -581,11 +594,17 @@ def _fake(schema: Any, root: JSON, path: str, words: list[str]) -> Any:
     kind = _kind(node)
     if kind == "object":
         properties = node.get("properties") or {}
-        return {name: _fake(sub, root, f"{path}.{name}", words) for name, sub in properties.items()}
+        return {
+            name: _fake(sub, root, f"{path}.{name}", words, quote)
+            for name, sub in properties.items()
+        }
     if kind == "array":
         count = max(1, int(node.get("minItems", 1)))
-        return [_fake(node.get("items") or {}, root, path, words) for _ in range(count)]
-    return _scalar(kind, node, path.rsplit(".", 1)[-1], digest, words)
+        return [_fake(node.get("items") or {}, root, path, words, quote) for _ in range(count)]
+    name = path.rsplit(".", 1)[-1]
+    if kind == "string" and name == "evidence" and quote:
+        return quote
+    return _scalar(kind, node, name, digest, words)
 
 
 def _resolve(node: Any, root: JSON) -> JSON:

@@ -367,3 +367,43 @@ def _lines(path: Path) -> int:
         return path.read_bytes().count(b"\n")
     except FileNotFoundError:
         return 0
+
+
+def marked_exam(run: Path, rows: list[dict[str, Any]]) -> Path:
+    """qa_dataset.csv (with a key_points column when a row has some) and answers.csv, from
+    rows of qa_id, document, question, truth, answer and, optionally, key_points (a list)."""
+    qa = [
+        {
+            "qa_id": row["qa_id"],
+            "chunk_id": f"c-{row['qa_id']}",
+            "document": row.get("document", "doc"),
+            "question": row["question"],
+            "ground_truth_answer": row["truth"],
+            **({"key_points": json.dumps(row["key_points"])} if "key_points" in row else {}),
+            "status": "ok",
+            "error": "",
+        }
+        for row in rows
+    ]
+    write_dict_rows(run / "qa_dataset.csv", qa)
+    answers = [
+        {"qa_id": row["qa_id"], "answer": row["answer"], "retrieved_ids": "[]",
+         "target_rank": "1", "status": "ok", "error": ""}
+        for row in rows
+    ]  # fmt: skip
+    write_dict_rows(run / "answers.csv", answers)
+    return run
+
+
+def edit_cell(path: Path, qa_id: str, column: str, value: str, key: str = "qa_id") -> None:
+    """Change one cell of a CSV, as a person would in a spreadsheet."""
+    with path.open(newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        header, rows = list(reader.fieldnames or []), list(reader)
+    for row in rows:
+        if row[key] == qa_id:
+            row[column] = value
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, header)
+        writer.writeheader()
+        writer.writerows(rows)

@@ -40,7 +40,8 @@ def respond(body: JSON) -> Reply | None:
     key = next(key for key in PLANTED if f"The {key} part" in section(user, "chunk"))
     if system.startswith("You write exam questions"):
         question, answer = PLANTED[key]
-        return Reply(content=json.dumps({"question": question, "answer": answer}))
+        written = {"question": question, "answer": answer, "key_points": [answer]}
+        return Reply(content=json.dumps(written))
     if system.startswith("You review exam questions"):
         ok = key != REJECTED
         review = {"reasoning": "checked", "standalone": True, "answerable": True, "supported": ok}

@@ -166,7 +166,8 @@ def test_formula_quotes_newlines_and_unicode_survive_the_csv(
     def echo(body: dict[str, Any]) -> Reply:
         user = body["messages"][-1]["content"]
         text = user.split("<chunk>\n", 1)[1].split("\n</chunk>", 1)[0]
-        return Reply(content=json.dumps({"question": text, "answer": text + " (answer)"}))
+        written = {"question": text, "answer": text + " (answer)", "key_points": [text]}
+        return Reply(content=json.dumps(written))
 
     env.responder = echo
     result = run_cli(

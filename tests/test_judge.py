@@ -239,7 +239,7 @@ def test_an_answer_without_an_ok_question_is_an_error_row_not_a_grade(
 
 
 def test_the_exam_joins_each_ok_answer_to_its_question_and_document(tmp_path: Path) -> None:
-    from ragexam.stages.judge import Exam, read_exams
+    from ragexam.stages.exams import Exam, read_exams
 
     exam(tmp_path, 4)
     qa = read_csv(tmp_path / "qa_dataset.csv")

@@ -229,7 +229,7 @@ def test_per_token_embeddings_are_one_line_naming_the_cause(
 
 def test_a_raw_newline_inside_a_json_string_is_accepted(env: FakeOpenAI, tmp_path: Path) -> None:
     env.responder = lambda body: Reply(
-        content='{"question": "Line one\nline two?", "answer": "A."}'
+        content='{"question": "Line one\nline two?", "answer": "A.", "key_points": ["A."]}'
     )
     store = build_store(tmp_path / "store", docs(2))
     result = run_cli("generate", "--chroma", str(store), "--out", "run")

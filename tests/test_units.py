@@ -35,7 +35,8 @@ def test_every_stage_has_its_prompt_file() -> None:
         "answer_closed_book",
         "critic",
         "judge",
-        "verify_key_points",
+        "judge_key_points",
+        "key_points",
     }
 
 
@@ -70,15 +71,17 @@ def test_tolerant_json_refuses_broken_json(text: str) -> None:
 
 
 def test_parse_structured_from_text_tool_call_and_truncation() -> None:
-    from_text = AIMessage(content='{"question": " Q? ", "answer": "A."}')
-    assert parse_structured(from_text, QAPair) == QAPair(question="Q?", answer="A.")
-    from_tool = AIMessage(
-        content="",
-        tool_calls=[{"name": "QAPair", "args": {"question": "Q?", "answer": "A."}, "id": "1"}],
+    from_text = AIMessage(content='{"question": " Q? ", "answer": "A.", "key_points": [" A "]}')
+    assert parse_structured(from_text, QAPair) == QAPair(
+        question="Q?", answer="A.", key_points=["A"]
     )
+    args = {"question": "Q?", "answer": "A.", "key_points": ["A"]}
+    from_tool = AIMessage(content="", tool_calls=[{"name": "QAPair", "args": args, "id": "1"}])
     assert parse_structured(from_tool, QAPair).answer == "A."
     with pytest.raises(OutputError, match="validation"):
         parse_structured(AIMessage(content='{"question": "Q?", "answer": "  "}'), QAPair)
+    with pytest.raises(OutputError, match="key_points"):  # the marking scheme is part of it
+        parse_structured(AIMessage(content='{"question": "Q?", "answer": "A."}'), QAPair)
     cut = AIMessage(
         content='{"question": "Q?", "answer": "A."}', response_metadata={"finish_reason": "length"}
     )

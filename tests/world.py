@@ -1,11 +1,12 @@
 """A world whose right answers are known: chunks state facts, and the fake models act on them.
 
 Each chunk is a record that states three facts, distinct tokens such as `fact2x3b`. Through
-FakeOpenAI's hooks, the exam writer asks which facts a record states; the answerer repeats
-the facts of the records that it finds in its context (or, closed-book, those it "knows");
-the judge grades by the share of facts in common; and the embedder sends each question to
-its records' chunks, or, for a document the retriever must always miss, as far from it as
-can be.
+FakeOpenAI's hooks, the exam writer asks which facts a record states (one key point per fact);
+the answerer repeats the facts of the records that it finds in its context (or, closed-book,
+those it "knows"; for a `forgetful` document only the first); the judge grades by the share
+of facts in common, or by key points gives each a verdict from the facts the answer states (and
+says whether the context it is shown holds them); and the embedder sends each question to its
+records' chunks, or, for a document the retriever must always miss, as far from it as can be.
 
 Harder exams: records are linked, neighbours in a document and `partners` across documents
 (their vectors lie close), so that a question on two records has a known right answer, six
@@ -78,11 +79,13 @@ def listed(facts: list[str], language: str = "en") -> str:
 
 @dataclass
 class World:
-    """Documents of records; `missed` ones are never retrieved, `known` ones need no context."""
+    """Documents of records; `missed` ones are never retrieved, `known` ones need no context,
+    and the answers about `forgetful` ones state only their record's first fact."""
 
     documents: dict[str, int]
     missed: set[str] = field(default_factory=set)
     known: set[str] = field(default_factory=set)
+    forgetful: set[str] = field(default_factory=set)
     language: str = "en"
     partners: dict[Record, Record] = field(default_factory=dict)  # one way; linked both ways
     repeats: set[Record] = field(default_factory=set)
@@ -123,6 +126,10 @@ class World:
     def truth(self, d: int, i: int) -> str:
         """The ground truth of that question."""
         return listed(self.facts(d, i)) + "."
+
+    def key_points(self, d: int, i: int) -> list[str]:
+        """The marking scheme of that question: one key point per fact its chunk states."""
+        return points(self.stated(d, i))
 
     def pair_truth(self, first: Record, second: Record) -> list[str]:
         """The right answer to the question on two records: the facts their chunks state."""
@@ -180,14 +187,24 @@ class World:
         if system.startswith("You write exam questions"):
             return self.write(user, asked)
         if system.startswith("You answer questions using only the context"):
-            return Reply(content=self.answer(section(user, "question"), section(user, "context")))
+            question = section(user, "question")
+            context = section(user, "context")
+            return Reply(content=self.answer(question, context, self.forgets(question)))
         if system.startswith("You answer questions from what you already know"):
             return Reply(content=self.recall(section(user, "question")))
-        if system.startswith("You check an answer against its key points"):
-            return Reply(content=mark(section(user, "key_points"), section(user, "answer")))
         if system.startswith("You are a strict, fair grader"):
             return Reply(content=grade(section(user, "ground_truth"), section(user, "answer")))
+        if system.startswith("You mark an answer against a marking scheme"):
+            return Reply(content=mark(user))
+        if system.startswith("You write the marking scheme"):
+            facts = FACT.findall(section(user, "ground_truth"))
+            return Reply(content=json.dumps({"key_points": points(facts)}))
         return None
+
+    def forgets(self, question: str) -> bool:
+        """Whether the question is about a forgetful document."""
+        found = TAG.search(question)
+        return found is not None and self.names[int(found.group(1))] in self.forgetful
 
     def _language(self, asked: bool) -> dict[str, str]:
         """The words the writer writes in: the chunks' language if asked for it, else English."""
@@ -204,7 +221,7 @@ class World:
             "language": self.words["language"],
             "question": words["one"].format(d=d, i=i),
             "answer": listed(facts, self.language if asked else "en") + ".",
-            "key_points": facts,
+            "key_points": points(facts, self.language if asked else "en"),
         }
         return Reply(content=json.dumps(reply, ensure_ascii=False))
 
@@ -220,7 +237,7 @@ class World:
             "language": self.words["language"],
             "question": words["two"].format(d=first[0], i=first[1], e=second[0], j=second[1]),
             "answer": listed(facts, self.language if asked else "en") + ".",
-            "key_points": facts,
+            "key_points": points(facts, self.language if asked else "en"),
         }
         return Reply(content=json.dumps(reply, ensure_ascii=False))
 
@@ -239,13 +256,14 @@ class World:
         }
         return Reply(content=json.dumps(reply, ensure_ascii=False))
 
-    def answer(self, question: str, context: str) -> str:
-        """Repeat the facts of the chunks of the asked records, if the context holds them."""
+    def answer(self, question: str, context: str, forgetful: bool = False) -> str:
+        """Repeat the facts of the chunks of the asked records (only the first, if forgetful),
+        if the context holds them."""
         tags = {match.group(0) for match in TAG.finditer(question)}
         facts: list[str] = []
         for block in re.findall(CHUNK, context, re.DOTALL):
             if any(tag in block for tag in tags):
-                facts += FACT.findall(block)
+                facts += FACT.findall(block)[:1] if forgetful else FACT.findall(block)
         if facts:
             return ", ".join(dict.fromkeys(facts)) + "."
         guessed = [(int(d), int(i)) for d, i in TAG.findall(question)]
@@ -287,23 +305,38 @@ def declines(text: str) -> bool:
     return any(phrase in text for phrase in DECLINES)
 
 
-def mark(key_points: str, answer: str) -> str:
-    """The judge by key points: a fact is present if the answer states it, a decline if the
-    answer declines; each fact the answer states is supported if a key point holds it."""
-    points = [line.strip() for line in key_points.strip().splitlines() if line.strip()]
-    points = [re.sub(r"^\d+\.\s*", "", point) for point in points]
-    given = FACT.findall(answer)
-    wanted = {fact for point in points for fact in FACT.findall(point)}
-    verdicts = []
-    for point in points:
-        facts = FACT.findall(point)
-        present = all(fact in given for fact in facts) if facts else declines(answer)
-        verdicts.append({"point": point, "verdict": "present" if present else "absent"})
+def points(facts: list[str], language: str = "en") -> list[str]:
+    """One key point per fact."""
+    said = "L'enregistrement indique" if language == "fr" else "The record states"
+    return [f"{said} {fact}." for fact in facts]
+
+
+def mark(prompt: str) -> str:
+    """The judge by key points: a fact's point is present when the answer states the fact, a
+    point without a fact (the documents do not say) when the answer declines; the context (when
+    shown) is read the same way. Each fact the answer states is one statement, supported when
+    the ground truth states it too; a decline states nothing."""
+    answer, truth, context = section(prompt, "answer"), section(prompt, "ground_truth"), None
+    if "<context>" in prompt:
+        context = section(prompt, "context")
+    stated, wanted = FACT.findall(answer), set(FACT.findall(truth))
+    marks = []
+    for point in section(prompt, "key_points").strip().splitlines():
+        fact = FACT.search(point)
+        if fact is None:  # the one key point of an unanswerable question
+            present, evidence = declines(answer) and not stated, answer.strip()
+        else:
+            present, evidence = fact.group(0) in stated, fact.group(0)
+        mark: dict[str, Any] = {
+            "point": point,
+            "verdict": "present" if present else "absent",
+            "evidence": evidence if present else "",
+        }
+        if context is not None:
+            mark["in_context"] = fact is not None and fact.group(0) in context
+        marks.append(mark)
     statements = [
         {"statement": fact, "verdict": "supported" if fact in wanted else "unsupported"}
-        for fact in given
+        for fact in stated
     ]
-    if not given and declines(answer):
-        verdict = "supported" if not wanted else "unsupported"
-        statements.append({"statement": answer, "verdict": verdict})
-    return json.dumps({"key_points": verdicts, "answer_statements": statements})
+    return json.dumps({"key_points": marks, "answer_statements": statements})

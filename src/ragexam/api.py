@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ragexam.config import Scale
 from ragexam.errors import ConfigError
 from ragexam.io.runfolder import CONTROL_RUNS, RunFolder
 from ragexam.options import (
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
 
     from ragexam.config import Settings
     from ragexam.stages.dryrun import Estimate
+    from ragexam.stages.exams import Exams
     from ragexam.stages.runner import StageResult
 
 T = TypeVar("T")
@@ -169,19 +171,27 @@ def _answer(given: Given, session: Session) -> Result:
 
 
 def _judge(given: Given, session: Session) -> Result:
-    """Write judgments.csv, and judge_controls.csv unless `controls=0`."""
+    """Write judgments.csv, and judge_controls.csv unless `controls=0`; an exam graded by key
+    points that lacks some gets them written once first (key_points.csv)."""
     settings = settings_for(given, "judge")
     if given.calls.dry_run:
         from ragexam.stages.dryrun import estimate_judge
 
         return _estimated(estimate_judge(settings, given, session), session)
     from ragexam.analysis.verdict import read_verdict
+    from ragexam.stages.exams import load_exams
     from ragexam.stages.judge import run_controls, run_judge
+    from ragexam.stages.keypoints import write_key_points
 
-    graded = _stage("judge", "judgments", run_judge(settings, given, session), settings, session)
+    exams, written = write_key_points(settings, given, load_exams(given), session)
+    _say_scale(exams, written, session)
+    if written is not None:
+        _checked(_stage("key_points", "key_points", written, settings, session), settings)
+    result = run_judge(settings, given, session, exams)
+    graded = _stage("judge", "judgments", result, settings, session)
     if not given.grading.controls:
         return _checked(graded, settings)
-    known = run_controls(settings, given, session)
+    known = run_controls(settings, given, session, exams)
     checks = _stage("judge_controls", "controls", known, settings, session)
     verdict = read_verdict(given.out)
     if verdict is not None and not session.in_run:  # in `run`, stats says it beside the scores
@@ -190,6 +200,21 @@ def _judge(given: Given, session: Session) -> Result:
     _checked(graded, settings)
     figures = {**graded.figures, "controls": checks.figures}
     return Result({**graded.paths, **checks.paths}, figures, graded.detail)
+
+
+def _say_scale(exams: Exams, written: StageResult | None, session: Session) -> None:
+    """Say when key points were written for the exam, or when it has none to grade by."""
+    if written is not None:
+        done = written.outcome.ok + written.outcome.done_before
+        session.observer.note(
+            f"the exam had no key points for {done} questions: they were written once into "
+            f"{written.path} (edit them there); judge grades by them from now on"
+        )
+    elif exams.scale is Scale.unit and not exams.asked:
+        session.observer.note(
+            "the exam has no key points: graded on the unit scale; --scale key-points writes "
+            "them once (key_points.csv) and grades a verdict per key point"
+        )
 
 
 def _stage(
@@ -276,6 +301,8 @@ def _calibrate(given: Given, session: Session) -> Result:
     from ragexam.analysis.labels import write_template
 
     asked = given.calibrating
+    if asked.scale is Scale.key_points:
+        raise ConfigError("--scale of labels is unit (0..1) or ten (0..10): a person's grades")
     if (asked.labels is None) == (asked.template is None):
         raise ConfigError("give LABELS.csv to measure the judge, or --template N to write one")
     if asked.labels is None:
@@ -309,7 +336,8 @@ def _run(given: Given, session: Session) -> Result:
         where = folder.control_run(name).path
         control = given.but(out=where, qa_dataset=exam, rag=None, context=CONTROL_RUNS[name])
         results[f"answer_{name}"] = _answer(control, session)
-        results[f"judge_{name}"] = _judge(control.but(controls=0), session)
+        # graded like the exam, less the context: the control runs are the other reading
+        results[f"judge_{name}"] = _judge(control.but(controls=0, with_context=False), session)
     return _whole(given, results, session)
 
 

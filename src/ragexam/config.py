@@ -44,8 +44,10 @@ STAGE_MAX_TOKENS: dict[Stage, int] = {"generate": 1024, "answer": 1024, "judge":
 
 
 class Scale(StrEnum):
-    """How the judge grades: floats 0..1, or integers 0..10 stored divided by 10."""
+    """How the judge grades: verdicts per key point, floats 0..1, or integers 0..10 (stored
+    divided by 10)."""
 
+    key_points = "key-points"
     unit = "unit"
     ten = "ten"
 

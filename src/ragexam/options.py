@@ -188,7 +188,16 @@ class Grading:
     temperature: float | None = option(
         None, "Judge temperature [0, or 0.7 with --samples > 1].", min=0, max=2
     )
-    scale: Scale = option(Scale.unit, "unit: floats 0..1; ten: integers 0..10.")
+    scale: Scale | None = option(
+        None,
+        "key-points: a verdict per key point, grades counted; unit: floats 0..1; ten: integers "
+        "0..10 [key-points when the exam has key points, else unit].",
+    )
+    with_context: bool = option(
+        False,
+        "Key points: the judge also sees the retrieved chunks (lost in generation or "
+        "in retrieval?).",
+    )
     controls: int = option(
         10, "Grade 4 known answers to N sampled questions (judge's controls); 0: none.", min=0
     )

@@ -113,6 +113,7 @@ class Source:
     document: str
     question: str
     ground_truth: str
+    key_points: str | None = None  # the JSON cell, when the exam has key points
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Stale grades: a judgment made from a question or answer that has changed since is no grade.
 
 `judge` records in `input_hash` what each grade was made from (question, ground truth and
-answer). When `answer` or `generate` is redone and `judge` is not, `stats` finds the grades
-whose inputs no longer match and counts those questions as pending, never as graded.
+answer; by key points, the key points too, and with --with-context the retrieved chunks). When
+`answer` or `generate` is redone, or a key point edited, and `judge` is not, `stats` finds the
+grades whose inputs no longer match and counts those questions as pending, never as graded.
 """
 
 from __future__ import annotations
@@ -13,35 +14,85 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from ragexam.analysis.keypoints import marked_hash
 from ragexam.io.csvfile import unescape_cell
 from ragexam.io.fingerprint import input_hash
+from ragexam.io.runfolder import RunFolder
+
+HOW = ("input_hash", "scale", "with_context")  # what a judgment says it was made from
 
 
-def stale_grades(judgments: Path, questions: pd.DataFrame) -> npt.NDArray[np.bool_]:
-    """For each question (with texts loaded), whether its grade was made from other inputs."""
-    recorded = _recorded(judgments, questions["qa_id"])
+def stale_grades(
+    folder: RunFolder, questions: pd.DataFrame, key_points: dict[str, str | None]
+) -> npt.NDArray[np.bool_]:
+    """For each question (with texts loaded), whether its grade was made from other inputs;
+    `key_points` holds each question's key points (the exam's, else those written for it)."""
+    recorded = _recorded(folder.judgments, questions["qa_id"])
     if recorded is None:
         return np.zeros(len(questions), dtype=bool)
-    columns = [questions[name] for name in ("question", "ground_truth_answer", "answer")]
+    contexts = _contexts(folder, questions["qa_id"], recorded["with_context"])
+    columns = [questions[name] for name in ("qa_id", "question", "ground_truth_answer", "answer")]
     current = [
-        input_hash(*(unescape_cell(str(text)) for text in row))
-        for row in zip(*columns, strict=True)
+        _hash(row, scale, key_points, context)
+        for row, scale, context in zip(
+            zip(*columns, strict=True), recorded["scale"], contexts, strict=True
+        )
     ]
     judged = questions["judged"].to_numpy(dtype=bool)
-    changed = (recorded != "") & (recorded != np.array(current, dtype=object))
+    hashes = recorded["input_hash"]
+    changed = (hashes != "") & (hashes != np.array(current, dtype=object))
     return np.asarray(judged & changed, dtype=bool)
 
 
-def _recorded(judgments: Path, ids: pd.Series) -> npt.NDArray[np.object_] | None:
-    """The input_hash each question's judgment recorded ("" for none), or None without any."""
+def _hash(
+    row: tuple[str, ...], scale: str, key_points: dict[str, str | None], context: str | None
+) -> str:
+    qa_id, *texts = (unescape_cell(str(text)) for text in row)
+    if scale != "key-points":
+        return input_hash(*texts)
+    question, truth, answer = texts
+    return marked_hash(question, truth, answer, key_points.get(qa_id), context)
+
+
+def _contexts(
+    folder: RunFolder, ids: pd.Series, wanted: npt.NDArray[np.object_]
+) -> list[str | None]:
+    """The retrieved texts of the answers graded --with-context; None for the others."""
+    if not (wanted == "true").any():
+        return [None] * len(ids)
     try:
         frame = pd.read_csv(
-            judgments, usecols=["qa_id", "input_hash"], dtype=str, keep_default_na=False
+            folder.answers_read(), usecols=["qa_id", "retrieved_texts"], dtype=str,
+            keep_default_na=False, encoding="utf-8-sig",
+        )  # fmt: skip
+    except (FileNotFoundError, ValueError, pd.errors.EmptyDataError):
+        return [None] * len(ids)
+    texts = dict(zip(frame["qa_id"], map(unescape_cell, frame["retrieved_texts"]), strict=True))
+    return [
+        texts.get(qa_id, "") if flag == "true" else None
+        for qa_id, flag in zip(ids, wanted, strict=True)
+    ]
+
+
+def _recorded(judgments: Path, ids: pd.Series) -> dict[str, npt.NDArray[np.object_]] | None:
+    """What each question's judgment says it was made from ("" for none), or None without any."""
+    try:
+        header = pd.read_csv(judgments, nrows=0).columns
+        present = [name for name in HOW if name in header]
+        frame = pd.read_csv(
+            judgments, usecols=["qa_id", *present], dtype=str, keep_default_na=False
         )
     except (FileNotFoundError, ValueError, pd.errors.EmptyDataError):
         return None  # no judgments yet, or made before grades recorded their inputs
-    hashes = dict(zip(frame["qa_id"], frame["input_hash"], strict=True))
-    return np.array([hashes.get(qa_id, "") for qa_id in ids], dtype=object)
+    if "input_hash" not in present:
+        return None
+    frame = frame.drop_duplicates("qa_id", keep="last")  # a repeated qa_id: the later row wins
+    rows = pd.Index(frame["qa_id"]).get_indexer(pd.Index(ids))
+    empty = np.full(len(frame), "", dtype=object)
+    columns = {
+        name: frame[name].to_numpy(dtype=object) if name in present else empty for name in HOW
+    }
+    return {name: np.append(values, "")[rows] for name, values in columns.items()}
 
 
 def drop_stale(questions: pd.DataFrame, stale: npt.NDArray[np.bool_]) -> pd.DataFrame:

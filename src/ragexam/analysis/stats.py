@@ -16,6 +16,7 @@ from ragexam.analysis.calibrate import read_calibration
 from ragexam.analysis.controlruns import control_means, measured_diagnosis
 from ragexam.analysis.cutoffs import cutoff_columns
 from ragexam.analysis.grouped import grouped_bootstrap_ci
+from ragexam.analysis.keypoints import exam_key_points, graded_by_key_points
 from ragexam.analysis.kinds import by_kind, kind_codes, kind_columns, retrieved
 from ragexam.analysis.questions import (
     deepest_rank,
@@ -68,7 +69,8 @@ def _summarise_run(options: StatsOptions) -> StatsResult:
     out = options.out
     questions = load_questions(out, texts=True)
     folder = RunFolder(out)
-    stale = stale_grades(folder.judgments, questions)
+    points = exam_key_points(folder) if graded_by_key_points(folder) else {}
+    stale = stale_grades(folder, questions, points)
     questions = drop_stale(questions, stale)
     exam = folder.exam()  # answer records where its exam came from
     questions = select(questions, exam, options.split, options.exclude_flagged)

@@ -90,5 +90,7 @@ def _fingerprint(stage: Stage, row: Mapping[str, Any] | None) -> dict[str, str]:
 
 
 def _cell(value: Any) -> str:
-    """A fixed setting as a row holds it once read back: None is empty."""
+    """A fixed setting as a row holds it once read back: None is empty, a bool lower-case."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
     return "" if value is None else str(value)

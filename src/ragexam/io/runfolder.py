@@ -19,6 +19,7 @@ ANSWERS_FILE = "answers.csv"
 JUDGMENTS_FILE = "judgments.csv"
 CONTROLS_FILE = "judge_controls.csv"
 DROPPED_FILE = "dropped_questions.csv"
+KEY_POINTS_FILE = "key_points.csv"  # key points written once for an exam without them
 # `run --control-runs` answers and grades in these folders, each answerer given this context
 CONTROL_RUNS = {"gold": AnswerContext.gold, "closed_book": AnswerContext.none}
 
@@ -65,6 +66,11 @@ class RunFolder:
     def controls(self) -> Path:
         """The judge's known-answer controls."""
         return self.path / CONTROLS_FILE
+
+    @property
+    def key_points(self) -> Path:
+        """Key points judge wrote for an exam without them: a control run uses its run's."""
+        return (self.parent_run() or self).path / KEY_POINTS_FILE
 
     def file(self, name: str) -> Path:
         """Any other file of the folder, by name (report.html, calibration.csv...)."""

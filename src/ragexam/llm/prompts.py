@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError, model_validator
 from ragexam.errors import PromptError
 
 # Data delimiters that a prompt wraps around untrusted text (chunks, answers, questions).
-DATA_TAGS = ("chunk", "question", "answer", "ground_truth", "key_points")
+DATA_TAGS = ("chunk", "question", "answer", "ground_truth", "key_points", "context")
 
 
 _DATA_TAG = re.compile(rf"<(?=\s*/?\s*(?:{'|'.join(DATA_TAGS)})(?:[\s/>]|$))", re.IGNORECASE)

@@ -18,7 +18,8 @@ from typing import Any
 from langchain_core.messages import BaseMessage
 
 from ragexam.analysis.controls import build_controls
-from ragexam.config import AnswerContext, Settings
+from ragexam.analysis.keypoints import dump
+from ragexam.config import AnswerContext, Scale, Settings
 from ragexam.io.cells import SINGLE
 from ragexam.io.csvfile import read_rows
 from ragexam.io.runfolder import CONTROL_RUNS, RunFolder
@@ -29,21 +30,24 @@ from ragexam.options import DEFAULT_K, Given
 from ragexam.rag.base import Question
 from ragexam.rag.given import PROMPTS
 from ragexam.stages.answer import needs_store, read_questions
+from ragexam.stages.exams import Exam, Exams, load_exams
 from ragexam.stages.generate import GeneratePlan, qa_id_for
-from ragexam.stages.judge import (
-    ControlPlan,
-    Exam,
-    JudgePlan,
-    control_sources,
-    inputs,
-    read_exams,
-)
+from ragexam.stages.judge import ControlPlan, JudgePlan, sources_of
+from ragexam.stages.keypoints import KeyPointsPlan
 from ragexam.stages.session import Session
 from ragexam.stages.setup import store_ref
 from ragexam.store.chroma import get_chunks, iter_chunks, open_collection, release
 
 # Tokens per reply when no earlier row says: a question and its answer; an answer; a grade.
-OUTPUT_TOKENS = {"generate": 60, "answer": 150, "judge": 80, "judge_controls": 80}
+OUTPUT_TOKENS = {
+    "generate": 90,
+    "answer": 150,
+    "judge": 80,
+    "judge_controls": 80,
+    "key_points": 40,
+    "judge_key_points": 200,  # a verdict, with evidence, per key point and per statement
+}
+STAND_IN_POINTS = 3  # key points of a question not written yet
 BATCH = 500
 
 
@@ -205,19 +209,38 @@ def _sources(collection: Any, questions: list[Question]) -> Iterator[str]:
 
 
 def estimate_judge(settings: Settings, given: Given, session: Session) -> list[Estimate]:
-    """judge: `samples` calls per answer still to grade, then per known-answer control."""
-    exams, _ = read_exams(*inputs(given))
-    return _judge(settings, given, exams[: given.calls.limit], session)
+    """judge: the key points an exam lacks, then `samples` calls per answer still to grade,
+    then per control."""
+    exams = load_exams(given)
+    written = []
+    if exams.scale is Scale.key_points and exams.lacking:
+        plan = KeyPointsPlan(settings, exams.lacking, session)
+        done, per_call = done_rows(
+            RunFolder(given.out).key_points, plan.llm.model, plan.prompt.hash
+        )
+        rows, tasks = plan.tasks(done)
+        prompts = (plan.prompt.template.format_messages(**plan.prompt.fill(
+            question=task.payload.question, ground_truth=task.payload.ground_truth
+        )) for task in tasks)  # fmt: skip
+        written = [estimate("key_points", plan.llm.model, rows, prompts, settings, per_call)]
+    return [*written, *_judge(settings, given, stand_ins(exams), session)]
 
 
-def _judge(settings: Settings, given: Given, exams: list[Exam], session: Session) -> list[Estimate]:
+def stand_ins(exams: Exams) -> Exams:
+    """The exams, with stand-in key points where none are written yet."""
+    points = dump([_filler(5)] * STAND_IN_POINTS)
+    filled = [e if e.key_points else e._replace(key_points=points) for e in exams.exams]
+    return replace(exams, exams=filled)
+
+
+def _judge(settings: Settings, given: Given, exams: Exams, session: Session) -> list[Estimate]:
     folder = RunFolder(given.out)
-    plan = JudgePlan(settings, given, exams, session)
+    plan = JudgePlan(settings, given, exams.exams, session, exams.scale)
     graded = [_graded(plan, folder.judgments, "qa_id", "judge", settings)]
     if not given.grading.controls:
         return graded
-    controls = build_controls(control_sources(exams), given.grading.controls, given.folder.seed)
-    plan = ControlPlan(settings, given, controls, session)
+    controls = build_controls(sources_of(exams.exams), given.grading.controls, given.folder.seed)
+    plan = ControlPlan(settings, given, controls, session, exams.scale)
     return [*graded, _graded(plan, folder.controls, "control_id", "judge_controls", settings)]
 
 
@@ -227,6 +250,8 @@ def _graded(plan: JudgePlan, path: Path, key: str, stage: str, settings: Setting
     rows, tasks = plan.tasks(done)
     graded = [task.payload for task in tasks if task.payload.question is not None]
     prompts = (plan.messages(exam) for exam in graded for _ in range(plan.samples))
+    if per_call is None and plan.scale is Scale.key_points:
+        per_call = OUTPUT_TOKENS["judge_key_points"]
     return estimate(stage, plan.llm.model, rows, prompts, settings, per_call)
 
 
@@ -245,12 +270,15 @@ def estimate_run(settings: Settings, given: Given, session: Session) -> list[Est
             second = Estimate("answer", f"rag:{given.answering.rag}", len(questions), 0, 0, 0, None)
         reply, documents = _filler(OUTPUT_TOKENS["answer"]), {c.id: c.document for c in kept}
         exams = [Exam(q.qa_id, half, half, reply, documents[q.chunk_id]) for q in questions]
-        estimates = [first, *harder, second, *_judge(settings, given, exams, session)]
+        # generate writes key points: the judge grades by them unless --scale says otherwise
+        scale = given.grading.scale or Scale.key_points
+        graded = stand_ins(Exams(exams, 0, scale, True))
+        estimates = [first, *harder, second, *_judge(settings, given, graded, session)]
         for folder, context in CONTROL_RUNS.items() if given.grading.control_runs else ():
             where = given.but(out=given.out / folder, context=context)
             estimates.append(_named(_answers(settings, where, questions, collection), folder))
-            graders = where.but(controls=0)
-            estimates += [_named(e, folder) for e in _judge(settings, graders, exams, session)]
+            graders = where.but(controls=0, with_context=False)
+            estimates += [_named(e, folder) for e in _judge(settings, graders, graded, session)]
     finally:
         release(store)
     return estimates

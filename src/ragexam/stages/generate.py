@@ -1,5 +1,5 @@
-"""The generate stage: one question and ground-truth answer per chunk of the collection, and
-the harder questions asked for (harder.py): multi-hop and unanswerable ones, verified."""
+"""The generate stage: one question, its ground-truth answer and its key points per chunk,
+and the harder questions asked for (harder.py): multi-hop and unanswerable ones, verified."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 from langchain_core.messages import BaseMessage
 from pydantic import BaseModel, Field, field_validator
 
+from ragexam.analysis.keypoints import FEWEST, MOST, dump
 from ragexam.analysis.sampling import Sampling, assign_splits, check_resume, choose
 from ragexam.config import Settings
 from ragexam.errors import RowError
@@ -55,6 +56,11 @@ class QAPair(BaseModel):
     language: str = Field("", description="The language the chunk is written in, e.g. English.")
     question: str = Field(min_length=1, description="A question that the chunk answers.")
     answer: str = Field(min_length=1, description="The correct, complete answer to it.")
+    key_points: list[str] = Field(
+        min_length=FEWEST,
+        max_length=MOST,
+        description="The answer's atomic facts, each one short statement, in its language.",
+    )
 
     @field_validator("question", "answer")
     @classmethod
@@ -62,6 +68,13 @@ class QAPair(BaseModel):
         if not value.strip():
             raise ValueError("must not be blank")
         return value.strip()
+
+    @field_validator("key_points")
+    @classmethod
+    def _points(cls, points: list[str]) -> list[str]:
+        if not all(point.strip() for point in points):
+            raise ValueError("a key point must not be blank")
+        return [point.strip() for point in points]
 
 
 def qa_id_for(chunk_id: str, index: int = 0) -> str:
@@ -201,6 +214,7 @@ class GeneratePlan:
         return {
             "question": question,
             "ground_truth_answer": truth,
+            "key_points": dump(reply.value.key_points),
             "language": reply.value.language,
             "flags": join_flags(flags),
             "calls": 2 if self.critic is not None else 1,

@@ -177,26 +177,26 @@ class Harder:
             values = prompt.fill(chunk=texts[0], document=candidate.chunks[0].document)
         return prompt.template.format_messages(**values)
 
-    def checks(self, candidate: Candidate, written: str) -> list[list[BaseMessage]]:
-        """The verification prompts of a candidate whose question and key points are `written`
-        and whose checks all run (none fails early): for the dry run's estimate."""
+    def checks(self, candidate: Candidate, filler: str) -> list[list[BaseMessage]]:
+        """The verification prompts of a candidate whose question, answer and key point are
+        `filler`, and whose checks all run (none fails early): for the dry run's estimate."""
         texts = [chunk.text[: self.max_chars] for chunk in candidate.chunks]
         if candidate.kind == MULTI_HOP:
             contexts = [texts, texts[:1], texts[1:]]
         else:  # the nearest chunks: as many as retrieved, each the seed's size
             contexts = [texts * NEAREST]
+        written = KeyedQA(question=filler, answer=filler, key_points=[filler])
         return [
             prompt
             for context in contexts
-            for prompt in self.verifier.prompts(written, [written], context, written)
+            for prompt in self.verifier.prompts(written, context, filler)
         ]
 
     async def _verify(self, candidate: Candidate, written: KeyedQA, tally: Tally) -> Verdict:
-        points = written.key_points
         if candidate.kind == MULTI_HOP:
             first, second = (chunk.text[: self.max_chars] for chunk in candidate.chunks)
-            return await self.verifier.pair(written.question, points, (first, second), tally)
-        return await self.verifier.unanswerable(written.question, points, tally)
+            return await self.verifier.pair(written, (first, second), tally)
+        return await self.verifier.unanswerable(written, tally)
 
     def _row(
         self,

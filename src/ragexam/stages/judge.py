@@ -1,19 +1,17 @@
 """The judge stage: grade each answer against its ground truth on completeness and conciseness.
 
-A grade comes only from a reply that validated against the schema, bounds included: a value
-out of range is re-asked, never clamped, and a row whose every sample failed is an `error`
-row with the reason and the raw reply, never a default score.
+By key points (the default when the exam has them: marking.py) or as two numbers on the unit
+or ten scale (grading.py). A row whose every sample failed is an `error` row with the reason
+and the raw reply, never a default score.
 """
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from langchain_core.messages import BaseMessage
-from pydantic import BaseModel, Field
 
 from ragexam.analysis.controls import (
     CONTROL_COLUMNS,
@@ -26,13 +24,14 @@ from ragexam.analysis.controls import (
 from ragexam.config import Scale, Settings, StructuredMethod
 from ragexam.errors import LLMError, RowError
 from ragexam.io.cells import SINGLE, UNANSWERABLE
-from ragexam.io.csvfile import read_columns
-from ragexam.io.fingerprint import input_hash
 from ragexam.io.manifest import read_manifest
 from ragexam.io.runfolder import RunFolder
-from ragexam.llm.client import LLM, Reply
-from ragexam.llm.prompts import Delimited, Prompt, load_prompt
+from ragexam.llm.client import LLM
+from ragexam.llm.prompts import Prompt
 from ragexam.options import Given
+from ragexam.stages.exams import INPUTS, Exam, Exams, inputs
+from ragexam.stages.grading import Grader, Sample, ScaleGrader, merged
+from ragexam.stages.marking import KeyPointGrader
 from ragexam.stages.runner import (
     Outcome,
     RunSettings,
@@ -52,138 +51,58 @@ JUDGE_COLUMNS = (
     "samples_valid",
     "scale",
     "temperature",
+    "with_context",
     "reasoning",
+    "key_point_verdicts",
+    "key_point_evidence",
+    "key_point_context",
+    "lost_in_generation",
+    "lost_in_retrieval",
+    "key_point_samples",
+    "answer_statements",
     "sample_error",
 )
-ADDED = frozenset({"temperature"})  # recorded since 0.2: an older row's empty cell is no change
-REASONING = "Briefly: the ground truth's facts found or missing, and the answer's extra statements."
+# Recorded since 0.2 (temperature) and since key points (with_context): an older row's empty
+# cell is no change; its input hash still tells a grade made without the context apart.
+ADDED = frozenset({"temperature", "with_context"})
 
 
-class UnitGrade(BaseModel):
-    """Grades on the unit scale."""
-
-    reasoning: str = Field(description=REASONING)
-    completeness: float = Field(ge=0, le=1, description="Share of the ground truth present.")
-    conciseness: float = Field(ge=0, le=1, description="Share of the answer that is useful.")
-
-
-class TenGrade(BaseModel):
-    """Grades on the ten-point scale."""
-
-    reasoning: str = Field(description=REASONING)
-    completeness: int = Field(ge=0, le=10, description="Share of the ground truth present, 0-10.")
-    conciseness: int = Field(ge=0, le=10, description="Share of the answer that is useful, 0-10.")
-
-
-SCALES: dict[Scale, tuple[type[UnitGrade] | type[TenGrade], float, str]] = {
-    Scale.unit: (
-        UnitGrade,
-        1.0,
-        "Give each grade as a decimal number from 0 to 1, such as 0.5 when half of it is there.",
-    ),
-    Scale.ten: (
-        TenGrade,
-        10.0,
-        "Give each grade as a whole number from 0 to 10, such as 5 when half of it is there.",
-    ),
-}
-
-
-class Exam(NamedTuple):
-    """One answered question: what the judge is shown.
-
-    A tuple of strings, which the cycle collector stops tracking: a 100,000-row exam as frozen
-    dataclasses made its first full pass after reading cost 0.06-0.13 s more.
-    """
-
-    qa_id: str
-    question: str | None
-    ground_truth: str | None
-    answer: str
-    document: str = ""
-    kind: str = SINGLE
-
-    @property
-    def input_hash(self) -> str:
-        """What a grade is made from: the question, its ground truth and the answer."""
-        return input_hash(self.question, self.ground_truth, self.answer)
-
-
-def read_exams(qa_path: Path, answers_path: Path) -> tuple[list[Exam], int]:
-    """Answered questions joined on qa_id, and the count of error answers skipped."""
-    return _joined_files(qa_path, answers_path)
-
-
-def _joined_files(qa_path: Path, answers_path: Path) -> tuple[list[Exam], int]:
-    qa = read_columns(
-        qa_path,
-        ("qa_id", "question", "ground_truth_answer"),
-        key="qa_id",
-        filled=("question", "ground_truth_answer"),
-    )
-    answers = read_columns(answers_path, ("qa_id", "answer", "status"), key="qa_id")
-    ok = [i for i, status in enumerate(answers["status"]) if status == "ok"]
-    exams = _joined(qa, [answers["qa_id"][i] for i in ok], [answers["answer"][i] for i in ok])
-    return exams, len(answers["status"]) - len(ok)
-
-
-def _joined(qa: Mapping[str, Sequence[str]], ids: list[str], replies: list[str]) -> list[Exam]:
-    """The exam of each answer, by its qa_id's row of the qa dataset: without an ok one, the
-    question and ground truth are None (and the document empty without a row)."""
-    size = len(qa["qa_id"])
-    usable = [status in ("ok", "") for status in qa.get("status", ())] + [False]
-    questions: list[str | None] = [*qa["question"], None]  # a last row for ids without one
-    truths: list[str | None] = [*qa["ground_truth_answer"], None]
-    if not all(usable[:-1]):
-        questions = [text if ok else None for text, ok in zip(questions, usable, strict=True)]
-        truths = [text if ok else None for text, ok in zip(truths, usable, strict=True)]
-    documents = [*qa.get("document", [""] * size), ""]
-    kinds = [*(kind or SINGLE for kind in qa.get("kind", [SINGLE] * size)), SINGLE]
-    where = dict(zip(qa["qa_id"], range(size), strict=True))
-    rows = [where.get(qa_id, size) for qa_id in ids]
-    question, truth = map(questions.__getitem__, rows), map(truths.__getitem__, rows)
-    document, kind = map(documents.__getitem__, rows), map(kinds.__getitem__, rows)
-    return list(map(Exam, ids, question, truth, replies, document, kind))
-
-
-def run_judge(settings: Settings, given: Given, session: Session) -> StageResult:
+def run_judge(settings: Settings, given: Given, session: Session, exams: Exams) -> StageResult:
     """Write `judgments.csv`; inputs and key are checked before the first paid call."""
-    exams, skipped = read_exams(*inputs(given))
     settings.api_key()
     given.out.mkdir(parents=True, exist_ok=True)
-    plan = JudgePlan(settings, given, exams[: given.calls.limit], session)
+    plan = JudgePlan(settings, given, exams.exams, session, exams.scale)
     stage = plan.stage("judge", RunFolder(given.out).judgments, "qa_id", JUDGE_COLUMNS)
-    outcome = _execute(settings, given, plan, stage, {"skipped": skipped}, session)
-    return StageResult(outcome, stage.path, skipped)
+    outcome = _execute(settings, given, plan, stage, {"skipped": exams.skipped}, session)
+    return StageResult(outcome, stage.path, exams.skipped)
 
 
-def run_controls(settings: Settings, given: Given, session: Session) -> StageResult:
+def sources_of(exams: list[Exam]) -> list[Source]:
+    """The questions controls can be built from: those with a question and ground truth, and
+    single ones (else multi-hop ones). To an unanswerable question "I don't know" is the right
+    answer, not a control's wrong one; and a multi-hop question's ground truth holds facts of
+    another document, so it is no wrong answer there."""
+    graded = [
+        (Source(e.qa_id, e.document, e.question, e.ground_truth, e.key_points), e.kind)
+        for e in exams
+        if e.question is not None and e.ground_truth is not None
+    ]
+    single = [source for source, kind in graded if kind == SINGLE]
+    return single or [source for source, kind in graded if kind != UNANSWERABLE]
+
+
+def run_controls(settings: Settings, given: Given, session: Session, exams: Exams) -> StageResult:
     """Write `judge_controls.csv`: known answers to `--controls` of the exam's questions."""
-    exams, _ = read_exams(*inputs(given))
-    sources = control_sources(exams[: given.calls.limit])
     count, seed = given.grading.controls, given.folder.seed
-    controls = build_controls(sources, count, seed)
+    controls = build_controls(sources_of(exams.exams), count, seed)
     settings.api_key()
-    plan = ControlPlan(_exam_method(settings, given.out), given, controls, session)
+    plan = ControlPlan(_exam_method(settings, given.out), given, controls, session, exams.scale)
     columns = (*CONTROL_COLUMNS, *JUDGE_COLUMNS)
     stage = plan.stage("judge_controls", RunFolder(given.out).controls, "control_id", columns)
     keep_planned(stage.path, stage.all_columns(), controls)
     record = {"controls": count, "seed": seed, "rows": len(controls)}
     outcome = _execute(settings, given, plan, stage, record, session)
     return StageResult(outcome, stage.path)
-
-
-def control_sources(exams: Sequence[Exam]) -> list[Source]:
-    """The questions controls are made of: single ones (else multi-hop ones). To an unanswerable
-    question "I don't know" is the right answer, not a control's wrong one; and a multi-hop
-    question's ground truth holds facts of another document, so it is no wrong answer there."""
-    graded = [
-        (Source(e.qa_id, e.document, e.question, e.ground_truth), e.kind)
-        for e in exams
-        if e.question is not None and e.ground_truth is not None
-    ]
-    single = [source for source, kind in graded if kind == SINGLE]
-    return single or [source for source, kind in graded if kind != UNANSWERABLE]
 
 
 def _exam_method(settings: Settings, out: Path) -> Settings:
@@ -197,15 +116,6 @@ def _exam_method(settings: Settings, out: Path) -> Settings:
     return settings.model_copy(update={"structured_output": StructuredMethod(method)})
 
 
-INPUTS = ("qa_dataset", "answers")  # the manifest's names for the files judge reads
-
-
-def inputs(given: Given) -> tuple[Path, Path]:
-    """The exam (given, in the run folder, or where `answer` recorded it) and the answers."""
-    folder = RunFolder(given.out)
-    return given.inputs.qa_dataset or folder.exam(), given.inputs.answers or folder.answers
-
-
 def _execute(
     settings: Settings,
     given: Given,
@@ -217,8 +127,9 @@ def _execute(
     """Run the plan's rows into the stage's file, with the judge's manifest record."""
     record = {
         "model": plan.llm.model,
-        "prompt": {"judge": plan.prompt.hash},
-        "scale": given.grading.scale.value,
+        "prompt": {plan.prompt.name: plan.prompt.hash},
+        "scale": plan.scale.value,
+        "with_context": plan.with_context,
         "samples": given.grading.samples,
         "temperature": plan.temperature,
         **extra,
@@ -229,18 +140,26 @@ def _execute(
     return execute(stage, plan, record, how, session)
 
 
+def grader_for(scale: Scale, with_context: bool, prompts: Path | None) -> Grader:
+    """The key-points grader, or the one that asks for two numbers on the unit or ten scale."""
+    if scale is Scale.key_points:
+        return KeyPointGrader(prompts, with_context)
+    return ScaleGrader(scale, prompts)
+
+
 class JudgePlan:
     """Grade every answered question, `samples` times each."""
 
     def __init__(
-        self, settings: Settings, given: Given, exams: list[Exam], session: Session
+        self, settings: Settings, given: Given, exams: list[Exam], session: Session, scale: Scale
     ) -> None:
         self.exams, grading = exams, given.grading
-        self.samples, self.scale = grading.samples, grading.scale
-        self.schema, self.divisor, self.scale_note = SCALES[grading.scale]
+        self.samples, self.scale = grading.samples, scale
+        self.with_context = grading.with_context
+        self.grader = grader_for(scale, grading.with_context, settings.prompts_dir)
         default = 0.0 if grading.samples == 1 else 0.7  # several samples need some variety
         self.temperature = default if grading.temperature is None else grading.temperature
-        self.prompt: Prompt = load_prompt("judge", settings.prompts_dir)
+        self.prompt: Prompt = self.grader.prompt
         self.llm = LLM(
             settings,
             settings.model_for("judge"),
@@ -255,6 +174,7 @@ class JudgePlan:
             "scale": self.scale.value,
             "samples": self.samples,
             "temperature": self.temperature,
+            "with_context": self.with_context,
         }
         model, prompt = self.llm.model, self.prompt.hash
         return Stage(name, path, key, columns, model, prompt, fixed, added=ADDED)
@@ -262,30 +182,31 @@ class JudgePlan:
     def known(self) -> dict[str, Any]:
         """The columns every row of this plan has before its call."""
         known: dict[str, Any] = {"samples": self.samples, "scale": self.scale.value}
-        return {**known, "temperature": self.temperature}
+        return {**known, "temperature": self.temperature, "with_context": self.with_context}
 
     def tasks(self, done: set[str]) -> tuple[int, Iterator[Task]]:
         """The answers not yet judged."""
         left = [exam for exam in self.exams if exam.qa_id not in done]
-        tasks = (Task(e.qa_id, {**self.known(), "input_hash": e.input_hash}, e) for e in left)
+        hashed = self.grader.input_hash
+        tasks = (Task(e.qa_id, {**self.known(), "input_hash": hashed(e)}, e) for e in left)
         return len(left), tasks
 
     def inputs(self) -> Mapping[str, str]:
         """The input hash of every answer this run wants graded."""
-        return {exam.qa_id: exam.input_hash for exam in self.exams}
+        return {exam.qa_id: self.grader.input_hash(exam) for exam in self.exams}
 
     async def work(self, task: Task) -> dict[str, Any]:
-        """Ask for the grades `samples` times; the row is ok if one sample validated."""
+        """Grade the answer `samples` times; the row is ok if one sample validated."""
         exam: Exam = task.payload
         if exam.question is None or exam.ground_truth is None:
             raise RowError("no ok question with this qa_id in the qa dataset: nothing to grade by")
-        messages = self.messages(exam)
-        replies: list[Reply[Any]] = []
+        self.grader.check(exam)
+        samples: list[Sample] = []
         failure: LLMError | None = None
         spent = [0, 0, 0]  # prompt and completion tokens, and attempts, of the failed samples
         for _ in range(self.samples):
             try:
-                replies.append(await self.llm.structured(messages, self.schema))
+                samples.append(await self.grader.sample(self.llm, exam))
             except LLMError as exc:
                 failure = exc
                 spent = [
@@ -293,38 +214,16 @@ class JudgePlan:
                     spent[1] + exc.tokens[1],
                     spent[2] + exc.attempts,
                 ]
-        if not replies:
+        if not samples:
             assert failure is not None
             failure.tokens, failure.attempts = (spent[0], spent[1]), spent[2]  # every sample's
             raise failure
-        return self._row(replies, failure)
+        row = {**merged(samples), **self.grader.columns(samples)}
+        return {**row, "sample_error": failure.reason if failure else None}
 
     def messages(self, exam: Exam) -> list[BaseMessage]:
         """The prompt that grades one answer."""
-        values = self.prompt.fill(
-            question=exam.question or "",
-            ground_truth=exam.ground_truth or "",
-            answer=exam.answer,
-            scale=Delimited(self.scale_note),
-        )
-        return self.prompt.template.format_messages(**values)
-
-    def _row(self, replies: list[Reply[Any]], failure: LLMError | None) -> dict[str, Any]:
-        completeness = [reply.value.completeness / self.divisor for reply in replies]
-        conciseness = [reply.value.conciseness / self.divisor for reply in replies]
-        return {
-            "completeness": statistics.fmean(completeness),
-            "conciseness": statistics.fmean(conciseness),
-            "completeness_std": _std(completeness),
-            "conciseness_std": _std(conciseness),
-            "samples_valid": len(replies),
-            "reasoning": replies[0].value.reasoning,
-            "sample_error": failure.reason if failure else None,
-            "prompt_tokens": sum(reply.prompt_tokens for reply in replies),
-            "completion_tokens": sum(reply.completion_tokens for reply in replies),
-            "attempts": sum(reply.attempts for reply in replies),
-            "latency_s": round(sum(reply.latency for reply in replies), 3),
-        }
+        return self.grader.messages(exam)
 
     async def preflight(self) -> None:
         """Nothing to check beyond what run_judge did."""
@@ -346,9 +245,15 @@ class ControlPlan(JudgePlan):
     """Grade the known-answer controls like the exam, and say whether each one passed."""
 
     def __init__(
-        self, settings: Settings, given: Given, controls: list[Control], session: Session
+        self,
+        settings: Settings,
+        given: Given,
+        controls: list[Control],
+        session: Session,
+        scale: Scale,
     ) -> None:
-        super().__init__(settings, given, [], session)
+        # A control answer was retrieved from nothing: it is graded without context.
+        super().__init__(settings, given.but(with_context=False), [], session, scale)
         self.controls = controls
 
     def tasks(self, done: set[str]) -> tuple[int, Iterator[Task]]:
@@ -358,24 +263,23 @@ class ControlPlan(JudgePlan):
 
     def inputs(self) -> Mapping[str, str]:
         """The input hash of every control this run wants graded."""
-        return {control.key: self._exam(control).input_hash for control in self.controls}
+        return {c.key: self.grader.input_hash(self._exam(c)) for c in self.controls}
 
     def _task(self, control: Control) -> Task:
         exam = self._exam(control)
-        known = {**self.known(), **control.columns(), "input_hash": exam.input_hash}
+        hashed = self.grader.input_hash(exam)
+        known = {**self.known(), **control.columns(), "input_hash": hashed}
         return Task(control.key, known, exam)
 
     def _exam(self, control: Control) -> Exam:
         source = control.source
-        return Exam(source.qa_id, source.question, source.ground_truth, control.answer)
+        return Exam(
+            source.qa_id, source.question, source.ground_truth, control.answer,
+            key_points=source.key_points,
+        )  # fmt: skip
 
     async def work(self, task: Task) -> dict[str, Any]:
         """Grade the control answer; it passes when its grades fall within its kind's bounds."""
         row = await super().work(task)
         bounds = KINDS[task.known["control"]].bounds
         return {**row, "passed": bounds.passes(row["completeness"], row["conciseness"])}
-
-
-def _std(values: list[float]) -> float | None:
-    """Sample standard deviation; none for a single value."""
-    return statistics.stdev(values) if len(values) > 1 else None

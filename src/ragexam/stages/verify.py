@@ -4,46 +4,37 @@ A multi-hop question is kept when the answerer, given both its chunks, states ev
 (none absent), and given either chunk alone leaves at least one out (absent): it needs both.
 An unanswerable question is kept when the answerer, given the store's nearest chunks to it,
 declines: its key point, that the documentation does not say, is present. The checks stop at
-the first that fails; each is an answer call and a judge call, recorded with its verdicts.
+the first that fails; each is an answer call (the answer prompt) and a judge call: the judge
+that grades by key points (marking.KeyPointGrader, one re-ask when its verdicts do not fit),
+recorded with its verdicts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Protocol
 
 from langchain_core.messages import BaseMessage
-from pydantic import BaseModel, Field
 
+from ragexam.analysis.keypoints import dump
 from ragexam.config import Settings
 from ragexam.llm.client import LLM, Reply
 from ragexam.llm.prompts import Prompt, context_block, load_prompt
 from ragexam.rag.retrieval import Retriever
+from ragexam.stages.exams import Exam
+from ragexam.stages.marking import KeyPointGrader
 from ragexam.stages.session import Session
 
 PRESENT, ABSENT = "present", "absent"
 NEAREST = 5  # chunks an unanswerable question's answerer is given, as answer's default k
 
 
-class PointVerdict(BaseModel):
-    """The judge on one key point."""
+class Written(Protocol):
+    """A harder question as its writer wrote it."""
 
-    evidence: str = Field("", description="The answer's words that state it, or empty.")
-    verdict: Literal["present", "partial", "absent"]
-
-
-class StatementVerdict(BaseModel):
-    """The judge on one statement of the answer."""
-
-    statement: str = Field(description="The statement, in a few words.")
-    verdict: Literal["supported", "unsupported", "contradicted"]
-
-
-class Marked(BaseModel):
-    """The judge's reply: a verdict per key point, in order, and per statement of the answer."""
-
-    key_points: list[PointVerdict]
-    answer_statements: list[StatementVerdict]
+    question: str
+    answer: str
+    key_points: list[str]
 
 
 @dataclass(frozen=True)
@@ -79,11 +70,12 @@ class Tally:
     calls: int = 0
     tokens: list[int] = field(default_factory=lambda: [0, 0])
 
-    def add(self, reply: Reply[Any]) -> None:
-        """Count one successful call."""
-        self.calls += 1
-        self.tokens[0] += reply.prompt_tokens
-        self.tokens[1] += reply.completion_tokens
+    def add(self, *replies: Reply[Any]) -> None:
+        """Count successful calls."""
+        for reply in replies:
+            self.calls += 1
+            self.tokens[0] += reply.prompt_tokens
+            self.tokens[1] += reply.completion_tokens
 
 
 class Verifier:
@@ -92,7 +84,7 @@ class Verifier:
     def __init__(self, settings: Settings, session: Session, retriever: Retriever | None) -> None:
         memory = session.endpoints
         self.answer_prompt: Prompt = load_prompt("answer", settings.prompts_dir)
-        self.judge_prompt: Prompt = load_prompt("verify_key_points", settings.prompts_dir)
+        self.grader = KeyPointGrader(settings.prompts_dir, with_context=False)
         bound = settings.max_tokens_for("answer")
         self.answerer = LLM(settings, settings.model_for("answer"), max_tokens=bound, memory=memory)
         bound = settings.max_tokens_for("judge")
@@ -100,67 +92,59 @@ class Verifier:
         self.judge = LLM(settings, judge, temperature=0, max_tokens=bound, memory=memory)
         self.retriever = retriever
 
-    async def pair(
-        self, question: str, points: list[str], texts: tuple[str, str], tally: Tally
-    ) -> Verdict:
+    async def pair(self, written: Written, texts: tuple[str, str], tally: Tally) -> Verdict:
         """Kept when both chunks answer it and neither alone does."""
-        checks = [await self.check("both", question, points, list(texts), tally)]
+        checks = [await self.check("both", written, list(texts), tally)]
         if ABSENT in checks[0].verdicts:
             return Verdict(False, "not answerable from both chunks", tuple(checks))
         for name, text in zip(("first", "second"), texts, strict=True):
-            checks.append(await self.check(name, question, points, [text], tally))
+            checks.append(await self.check(name, written, [text], tally))
             if ABSENT not in checks[-1].verdicts:
                 return Verdict(False, f"answerable from the {name} chunk alone", tuple(checks))
         return Verdict(True, "", tuple(checks))
 
-    async def unanswerable(self, question: str, points: list[str], tally: Tally) -> Verdict:
+    async def unanswerable(self, written: Written, tally: Tally) -> Verdict:
         """Kept when the answerer, given the nearest chunks, declines."""
         assert self.retriever is not None
-        hits = (await self.retriever.retrieve([question]))[0]
+        hits = (await self.retriever.retrieve([written.question]))[0]
         texts = [hit.text or "" for hit in hits]
-        check = await self.check("nearest", question, points, texts, tally)
+        check = await self.check("nearest", written, texts, tally)
         check = Check(check.context, check.answer, check.verdicts, check.statements, _ids(hits))
         if all(verdict == PRESENT for verdict in check.verdicts):
             return Verdict(True, "", (check,))
         return Verdict(False, "answered from the nearest chunks", (check,))
 
-    async def check(
-        self, context: str, question: str, points: list[str], texts: list[str], tally: Tally
-    ) -> Check:
+    async def check(self, context: str, written: Written, texts: list[str], tally: Tally) -> Check:
         """The answerer given `texts`, and the judge's verdicts on its answer."""
-        values = self.answer_prompt.fill(question=question, context=context_block(texts))
+        values = self.answer_prompt.fill(question=written.question, context=context_block(texts))
         answer = await self.answerer.text(self.answer_prompt.template.format_messages(**values))
         tally.add(answer)
-        marked = await self.judge.structured(self.marking(question, points, answer.value), Marked)
-        tally.add(marked)
-        verdicts: tuple[str, ...] = tuple(point.verdict for point in marked.value.key_points)
-        if len(verdicts) != len(points):  # a verdict per key point, or the check says nothing
-            verdicts = (verdicts + (ABSENT,) * len(points))[: len(points)]
-        statements = tuple(item.verdict for item in marked.value.answer_statements)
+        marked = await self.grader.sample(self.judge, self.exam(written, answer.value))
+        tally.add(*marked.replies)
+        verdicts = tuple(mark.verdict for mark in marked.marks.key_points)
+        statements = tuple(mark.verdict for mark in marked.marks.answer_statements)
         return Check(context, answer.value, verdicts, statements)
 
-    def prompts(
-        self, question: str, points: list[str], texts: list[str], answer: str
-    ) -> list[list[BaseMessage]]:
-        """A check's two prompts, the answerer's and the judge's (for the dry run)."""
-        values = self.answer_prompt.fill(question=question, context=context_block(texts))
-        asked = self.answer_prompt.template.format_messages(**values)
-        return [asked, self.marking(question, points, answer)]
+    @staticmethod
+    def exam(written: Written, answer: str) -> Exam:
+        """What the judge is shown: the question, its ground truth, key points and the answer."""
+        points = dump(written.key_points)
+        return Exam("", written.question, written.answer, answer, key_points=points)
 
-    def marking(self, question: str, points: list[str], answer: str) -> list[BaseMessage]:
-        """The judge's prompt: the question, the key points one per line, the answer."""
-        listed = "\n".join(f"{number}. {point}" for number, point in enumerate(points, 1))
-        values = self.judge_prompt.fill(question=question, key_points=listed, answer=answer)
-        return self.judge_prompt.template.format_messages(**values)
+    def prompts(self, written: Written, texts: list[str], answer: str) -> list[list[BaseMessage]]:
+        """A check's two prompts, the answerer's and the judge's (for the dry run)."""
+        values = self.answer_prompt.fill(question=written.question, context=context_block(texts))
+        asked = self.answer_prompt.template.format_messages(**values)
+        return [asked, self.grader.messages(self.exam(written, answer))]
 
     def fingerprint(self) -> tuple[str, ...]:
         """What a verdict depends on beside the question: the prompts and models."""
-        prompts = (self.answer_prompt.hash, self.judge_prompt.hash)
+        prompts = (self.answer_prompt.hash, self.grader.prompt.hash)
         return (*prompts, self.answerer.model, self.judge.model)
 
     def prompt_hashes(self) -> dict[str, str]:
         """The prompts of the checks, by name."""
-        return {prompt.name: prompt.hash for prompt in (self.answer_prompt, self.judge_prompt)}
+        return {prompt.name: prompt.hash for prompt in (self.answer_prompt, self.grader.prompt)}
 
     def figures(self) -> dict[str, Any]:
         """Each model's calls and tokens, for the manifest and the price."""
