@@ -61,7 +61,7 @@ def respond(body: dict[str, Any]) -> Reply | None:
         return written(f"What does the documentation say about {subject(first)}?", first, [first])
     if system.startswith("You answer questions using only the context"):
         return Reply(content=answer(section(user, "question"), chunks))
-    if system.startswith("You check an answer against its key points"):
+    if system.startswith("You mark an answer against a marking scheme"):
         return Reply(content=mark(section(user, "key_points"), section(user, "answer")))
     return None
 
@@ -91,20 +91,23 @@ def answer(question: str, chunks: list[str]) -> str:
 
 
 def mark(key_points: str, answer: str) -> str:
-    """A key point is present when the answer holds 80% of its words (partial: 40%); a
-    statement is supported when the key points hold 60% of its words."""
+    """A key point is present when the answer holds 80% of its words (partial: 40%), quoting
+    the answer's sentence that holds most of them; a statement is supported when the key points
+    hold 60% of its words. An answer that declines states nothing."""
     points = [re.sub(r"^\d+\.\s*", "", line.strip()) for line in key_points.strip().splitlines()]
-    said, held = words(answer), set().union(*(words(point) for point in points))
+    said, held = sentences(answer), set().union(*(words(point) for point in points))
     verdicts = []
     for point in points:
-        share = len(words(point) & said) / max(1, len(words(point)))
+        share = len(words(point) & words(answer)) / max(1, len(words(point)))
         if declines(point):  # the one key point of an unanswerable question
             share = float(declines(answer))
         verdict = "present" if share >= 0.8 else "partial" if share >= 0.4 else "absent"
-        verdicts.append({"point": point, "verdict": verdict})
+        best = max(said, key=lambda s: len(words(s) & words(point)), default="")
+        evidence = best if verdict != "absent" else ""
+        verdicts.append({"point": point, "verdict": verdict, "evidence": evidence})
     statements = [
         {"statement": s, "verdict": "supported" if _share(s, held) >= 0.6 else "unsupported"}
-        for s in sentences(answer)
+        for s in ([] if declines(answer) else said)
     ]
     return json.dumps({"key_points": verdicts, "answer_statements": statements})
 
