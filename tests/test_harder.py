@@ -232,3 +232,11 @@ def test_a_rag_system_that_makes_facts_up_is_caught(env: FakeOpenAI, tmp_path: P
     assert float(by_kind["unanswerable"]["declined"]) == 0.0
     assert float(by_kind["unanswerable"]["made_up"]) == 1.0
     assert float(by_kind["single"]["completeness_mean"]) == 1.0  # what the store holds it knows
+
+
+def test_a_split_exam_splits_its_harder_questions_too(env: FakeOpenAI, tmp_path: Path) -> None:
+    args = ("--validation", "0.5", "--multi-hop", "6", "--unanswerable", "4")
+    out = generate(env, tmp_path, world(repeats=set(), invents=set(), answered=set()), *args)
+    harder = [row for row in read_csv(out / "qa_dataset.csv") if row["kind"] != "single"]
+    assert len(harder) == 10 and {row["split"] for row in harder} == {"validation", "test"}
+    assert run_cli("stats", "--out", str(out), "--split", "test").exit_code == 0

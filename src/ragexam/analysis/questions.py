@@ -209,12 +209,33 @@ def load_questions(out: Path, *, texts: bool = False) -> pd.DataFrame:
     answers = _aligned(answers_path, index, ("target_rank",), wanted)
     cells = answers.values.get("target_ranks")
     found = found_ranks(cells, answers.ok & several, relevant, qa["qa_id"], answers_path)
-    unanswerable = (kinds == UNANSWERABLE).any()
-    verdicts = _present(folder.judgments, VERDICTS) if unanswerable else ()
+    unanswerable = kinds == UNANSWERABLE
+    verdicts = _present(folder.judgments, VERDICTS) if unanswerable.any() else ()
     judgments = _aligned(folder.judgments, index, ("completeness", "conciseness"), verdicts)
+    frame = _frame(qa, answers, judgments, kinds, relevant)
+    if several.any():  # kept only when some question has several chunks: a million are many
+        frame["found"] = found
+    if unanswerable.any():
+        frame["declined"], frame["made_up"] = declines(judgments.values, unanswerable)
+    if texts:
+        frame = frame.assign(**{name: qa[name] for name in TEXTS}, answer=answers.values["answer"])
+    for name, control_run in folder.control_runs().items():  # `run --control-runs` made them
+        control = _aligned(control_run.judgments, index, ("completeness",), ())
+        frame[COLUMNS[name]] = control.values["completeness"]
+    return frame
+
+
+def _frame(
+    qa: pd.DataFrame,
+    answers: _Aligned,
+    judgments: _Aligned,
+    kinds: pd.Categorical[str],
+    relevant: IntArray,
+) -> pd.DataFrame:
+    """The columns every question has: its document, state in each stage, rank and grades."""
     failed = (answers.present & ~answers.ok) | (judgments.present & ~judgments.ok)
     error = (qa["status"] != "ok").to_numpy() | failed
-    frame = pd.DataFrame(
+    return pd.DataFrame(
         {
             "qa_id": qa["qa_id"],
             "document": _documents(qa["document"]),
@@ -229,13 +250,3 @@ def load_questions(out: Path, *, texts: bool = False) -> pd.DataFrame:
             "conciseness": judgments.values["conciseness"],
         }
     )
-    if several.any():  # kept only when some question has several chunks, for the same reason
-        frame["found"] = found
-    if unanswerable:
-        frame["declined"], frame["made_up"] = declines(judgments.values, kinds == UNANSWERABLE)
-    if texts:
-        frame = frame.assign(**{name: qa[name] for name in TEXTS}, answer=answers.values["answer"])
-    for name, control_run in folder.control_runs().items():  # `run --control-runs` made them
-        control = _aligned(control_run.judgments, index, ("completeness",), ())
-        frame[COLUMNS[name]] = control.values["completeness"]
-    return frame

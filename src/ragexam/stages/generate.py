@@ -145,20 +145,9 @@ class GeneratePlan:
         for task in singles:
             yield task
         if self.harder is not None:
-            splits = self._harder_splits()
+            splits = self.harder.splits(self.sampling.split, self.sampling.seed)
             async for task in self.harder.tasks(done, splits):
                 yield task
-
-    def _harder_splits(self) -> dict[str, str]:
-        """Each harder candidate's split, per document, when the exam is split."""
-        if self.harder is None or not self.sampling.split:
-            return {}
-        keys = [
-            (candidate.key, candidate.chunks[0].document)
-            for item in self.harder.asked.values()
-            for candidate in item.candidates
-        ]
-        return assign_splits(keys, self.sampling.split, self.sampling.seed)
 
     def single_tasks(self, done: set[str]) -> tuple[int, Iterator[Task]]:
         """The single questions' tasks: the first --limit chunks (of the sample, if any)."""

@@ -16,6 +16,7 @@ from typing import Any
 from langchain_core.messages import BaseMessage
 from pydantic import BaseModel, Field, field_validator
 
+from ragexam.analysis.sampling import assign_splits
 from ragexam.config import Settings
 from ragexam.errors import AuthError, EndpointError, RagexamError
 from ragexam.io.cells import MULTI_HOP, UNANSWERABLE
@@ -109,6 +110,17 @@ class Harder:
             for kind, item in self.asked.items()
             for candidate in item.candidates
         }
+
+    def splits(self, fraction: float | None, seed: int) -> dict[str, str]:
+        """Each candidate's split, per document, when the exam is split (`--validation F`)."""
+        if not fraction:
+            return {}
+        keys = [
+            (candidate.key, candidate.chunks[0].document)
+            for item in self.asked.values()
+            for candidate in item.candidates
+        ]
+        return assign_splits(keys, fraction, seed)
 
     def start(self, kept: Mapping[str, int]) -> int:
         """Set each kind's quota from those kept before; how many more are wanted."""
