@@ -13,12 +13,17 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
+import extractive  # noqa: E402
 from openai_server import FakeOpenAI  # noqa: E402
+from world import World  # noqa: E402
 
 __all__ = [
     "ROOT",
     "FakeOpenAI",
+    "World",
+    "arguments",
     "child_cpu",
+    "extractive",
     "parse_args",
     "print_rates",
     "run_bare",
@@ -45,11 +50,16 @@ asyncio.run(main())
 
 def parse_args() -> argparse.Namespace:
     """--rows, --concurrency and --latency, with the issues' defaults."""
+    return arguments().parse_args()
+
+
+def arguments() -> argparse.ArgumentParser:
+    """The parser of parse_args, for a benchmark that takes more."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--latency", type=float, default=0.2, help="seconds per call")
-    return parser.parse_args()
+    return parser
 
 
 def print_rates(stage: str, args: argparse.Namespace, rate: float, bare: float | None) -> None:

@@ -13,6 +13,7 @@ from ir_measures import RR, R, Success, nDCG
 from support import ANSWER_HEADER, JUDGE_HEADER, QA_HEADER, run_cli, write_csv
 
 from ragexam.analysis.cutoffs import cutoff_columns, cutoffs_for
+from ragexam.analysis.ranking import rank_states
 from ragexam.io.csvfile import read_rows
 
 # One document's answered questions: source chunk at ranks 1, 2, 4 and 7, and one miss.
@@ -34,9 +35,10 @@ def test_cutoffs_stop_at_k() -> None:
 
 
 def test_cutoff_columns_match_hand_worked_values() -> None:
-    ranks = np.array([rank or 0 for rank in RANKS] + [3, 0], dtype=np.int64)
+    best = np.array([rank or np.nan for rank in RANKS] + [3, np.nan], dtype=np.float64)
     groups = np.array([0] * 5 + [1, 1], dtype=np.int64)  # group 1: rank 3 and a miss
-    columns = cutoff_columns(groups, ranks, 2, 10)
+    states = rank_states(best, np.ones(7, dtype=np.int64), [None] * 7, 10)
+    columns = cutoff_columns(groups, states.index, states, 2)
     assert len(columns) == 16
     for metric, by_cutoff in HAND.items():
         for cutoff, value in by_cutoff.items():

@@ -106,8 +106,9 @@ def test_an_answer_padded_with_facts_the_ground_truth_lacks_shows_them_unsupport
     env: FakeOpenAI, tmp_path: Path
 ) -> None:
     world = World({"a.md": 2})
+    honest = world.answer
     world.answer = lambda question, context, forgetful=False: (  # type: ignore[method-assign]
-        World.answer(question, context) + " It also states fact9x9q."
+        honest(question, context) + " It also states fact9x9q."
     )
     run = run_world(env, tmp_path, world, "run")
     for row in read_csv(run / "judgments.csv"):

@@ -29,6 +29,8 @@ def test_every_stage_has_its_prompt_file() -> None:
     stems = {path.stem for path in prompts_dir().glob("*.toml")}
     assert stems == {
         "generate",
+        "generate_multi_hop",
+        "generate_unanswerable",
         "answer",
         "answer_closed_book",
         "critic",

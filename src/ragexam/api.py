@@ -150,7 +150,7 @@ def _generate(given: Given, session: Session) -> Result:
     if given.calls.dry_run:
         from ragexam.stages.dryrun import estimate_generate
 
-        return _estimated([estimate_generate(settings, given, session)], session)
+        return _estimated(estimate_generate(settings, given, session), session)
     from ragexam.stages.generate import run_generate
 
     result = run_generate(settings, given, session)

@@ -10,7 +10,7 @@ a `Given`, the plain values every layer below reads.
     ├── Folder   --out --seed
     ├── Store    --chroma --chroma-url --collection --chroma-tenant --chroma-database ...
     ├── Calls    --model --concurrency --limit --max-error-rate --rpm --tpm --force ...
-    ├── Exam     --doc-key --sample --per-document --validation --check
+    ├── Exam     --doc-key --sample --per-document --validation --check --multi-hop ...
     ├── Answering --k --embedding --rag --rag-timeout --context --texts
     ├── Inputs   --qa-dataset --answers
     ├── Grading  --samples --temperature --scale --controls --control-runs
@@ -126,6 +126,12 @@ class Exam:
         None, "Share of each document's questions in the validation split.", min=0, max=1
     )
     check: bool = option(False, "One critic call per row: flag bad questions.")
+    multi_hop: int | None = option(
+        None, "N more questions that need two chunks, each kept only when verified.", min=1
+    )
+    unanswerable: int | None = option(
+        None, "N more questions the store cannot answer, each kept only when verified.", min=1
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,7 +149,12 @@ class Answering:
         },
     )
     embedding: str | None = option(
-        None, "collection (the store's own) or openai:MODEL [collection]."
+        None,
+        "collection (the store's own) or openai:MODEL [collection].",
+        help_by_command={
+            "generate": "How --unanswerable's check embeds its questions: collection or "
+            "openai:MODEL [collection]."
+        },
     )
     rag: Any = option(None, "Your RAG system as module:callable.", cli_type=str | None)
     rag_timeout: float | None = option(None, "Seconds per --rag call [RAGEXAM_TIMEOUT].", min=0.001)
@@ -431,8 +442,8 @@ def _is_share(value: Any) -> bool:
 
 GENERATE = Spec(
     "generate",
-    ("store", "exam", "calls", "folder"),
-    leave_out=frozenset({"trust_store_endpoint"}),
+    ("store", "exam", "answering", "calls", "folder"),
+    only={"answering": ("embedding",)},  # --unanswerable's check retrieves, as answer does
     positional=("chroma",),
     aliases=(Alias("split", "validation", str | None, lambda value: _share(value)),),
 )

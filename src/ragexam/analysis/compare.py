@@ -11,27 +11,24 @@ import pandas as pd
 
 from ragexam.analysis import keypointcompare
 from ragexam.analysis.grouped import grouped_compare
+from ragexam.analysis.kinds import retrieved
 from ragexam.analysis.questions import load_questions, resolve_k
+from ragexam.analysis.ranking import question_states
 from ragexam.analysis.resampling import compare_paired
-from ragexam.analysis.stats import rank_index, score_table
 from ragexam.errors import InputFileError
 from ragexam.io.atomic import atomic_file
+from ragexam.io.cells import KINDS, SINGLE
 from ragexam.io.csvfile import escape_cell
 from ragexam.io.manifest import read_manifest
 from ragexam.io.runfolder import RunFolder
 
-# metric -> (the per-question flag that says it has a value, its column in score_table or None)
-METRICS = {
-    "completeness": ("judged", None),
-    "conciseness": ("judged", None),
-    "hit": ("answered", 0),
-    "rr": ("answered", 1),
-    "ndcg": ("answered", 3),
-}
+# metric -> its column in a ranking state table, or None for a judge score
+METRICS = {"completeness": None, "conciseness": None, "hit": 0, "rr": 1, "ndcg": 3}
 # What must match for the scores of two runs to be comparable: (stage, manifest field).
 CHECKED = [("generate", "model"), ("generate", "prompt"), ("generate", "collection")]
 CHECKED += [("judge", "model"), ("judge", "prompt")]
-COLUMNS = ["document", "metric", "mean_a", "mean_b", "diff", "ci_low", "ci_high", "p_value"]
+COLUMNS = ["document", "kind", "metric", "mean_a", "mean_b", "diff", "ci_low", "ci_high"]
+COLUMNS += ["p_value"]
 COLUMNS += ["improved", "worse", "same", "n"]
 TERMINAL_DOCUMENTS = 20
 SIGNIFICANT = 0.05
@@ -85,31 +82,40 @@ def _write(frame: pd.DataFrame, path: Path) -> None:
 def _scores(run: Path) -> pd.DataFrame:
     """One row per question: document, and each metric where it has a value (else NaN)."""
     questions = load_questions(run)
-    k = resolve_k(run, None)
-    table = score_table(k)[rank_index(questions, k)]
-    scores = questions[["qa_id", "document"]].astype({"document": str})
-    for metric, (flag, column) in METRICS.items():
+    states = question_states(questions, resolve_k(run, None))
+    table = states.table()[states.index]
+    scores = questions[["qa_id", "document", "kind"]].astype({"document": str, "kind": str})
+    judged, scored = questions["judged"].to_numpy(), retrieved(questions)
+    for metric, column in METRICS.items():
         values = questions[metric].to_numpy() if column is None else table[:, column]
-        scores[metric] = np.where(questions[flag].to_numpy(), values, np.nan)
+        scores[metric] = np.where(judged if column is None else scored, values, np.nan)
     return scores
 
 
 def _rows(paired: pd.DataFrame, seed: int) -> pd.DataFrame:
-    """compare_paired for every metric over all questions (ALL), and per document of run A.
+    """compare_paired for every metric over all questions (ALL), over each kind of question
+    when the exam has several (ALL, kind), and per document of run A (kind `all`).
 
     The documents are compared all at once (grouped.grouped_compare), not one by one.
     """
     codes, documents = pd.factorize(paired["document_a"], sort=True)
+    kinds = [kind for kind in KINDS if (paired["kind_a"] == kind).any()]
     overall, by_document = [], []
-    for metric in METRICS:
-        a, b = paired[f"{metric}_a"].to_numpy(), paired[f"{metric}_b"].to_numpy()
-        both = ~np.isnan(a) & ~np.isnan(b)  # ok in both runs
-        comparison = compare_paired(a[both], b[both], seed=seed)
-        overall.append({"document": "ALL", "metric": metric, **asdict(comparison)})
-        figures = grouped_compare(codes[both], a[both], b[both], len(documents), seed=seed)
-        by_document.append(
-            pd.DataFrame({"document": documents.astype(str), "metric": metric} | figures)
-        )
+    for kind in ["all", *(kinds if kinds != [SINGLE] else [])]:
+        mine = (paired["kind_a"] == kind).to_numpy() if kind != "all" else True
+        for metric in METRICS:
+            a, b = paired[f"{metric}_a"].to_numpy(), paired[f"{metric}_b"].to_numpy()
+            both = ~np.isnan(a) & ~np.isnan(b) & mine  # ok in both runs
+            if kind == "all":
+                figures = grouped_compare(codes[both], a[both], b[both], len(documents), seed=seed)
+                named = {"document": documents.astype(str), "kind": kind, "metric": metric}
+                by_document.append(pd.DataFrame(named | figures))
+            elif not both.any():
+                continue  # an unanswerable question has no retrieval metric to compare
+            comparison = compare_paired(a[both], b[both], seed=seed)
+            overall.append(
+                {"document": "ALL", "kind": kind, "metric": metric, **asdict(comparison)}
+            )
     ordered = pd.concat(by_document).sort_index(kind="stable")  # each document's metrics together
     return pd.concat([pd.DataFrame(overall), ordered], ignore_index=True)[COLUMNS]
 

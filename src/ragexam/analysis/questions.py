@@ -15,13 +15,18 @@ import pandas as pd
 from ragexam.analysis.controlruns import COLUMNS
 from ragexam.analysis.keypoints import graded_by_key_points
 from ragexam.analysis.keypointstats import key_point_figures
+from ragexam.analysis.kinds import UNKNOWN, VERDICTS, declines, exam_kinds, found_ranks
 from ragexam.analysis.summary import DEFAULT_K, TEXTS
 from ragexam.errors import InputFileError
+from ragexam.io.cells import UNANSWERABLE
 from ragexam.io.csvfile import unescape_cell
 from ragexam.io.manifest import read_manifest
 from ragexam.io.runfolder import RunFolder
 
 IntArray = npt.NDArray[np.int64]
+# Columns of a handful of distinct values, read as categories: a million rows of them then
+# take a few MB, and each distinct value is parsed once.
+FEW_VALUES = frozenset({"kind", "target_ranks"})
 
 
 def _stage(manifest: dict[str, Any], name: str) -> dict[str, Any]:
@@ -85,7 +90,8 @@ def _read(path: Path, columns: tuple[str, ...], numbers: tuple[str, ...] = ()) -
         missing = [name for name in columns if name not in header]
         if missing:
             raise InputFileError(path, f"lacks the column(s) {', '.join(missing)}")
-        dtypes = {name: "float64" if name in numbers else str for name in columns}
+        dtypes: dict[str, Any] = {name: "float64" if name in numbers else str for name in columns}
+        dtypes |= {name: "category" for name in columns if name in FEW_VALUES}
         return pd.read_csv(
             path,
             usecols=list(columns),
@@ -173,32 +179,46 @@ def _checked(frame: pd.DataFrame, path: Path) -> pd.DataFrame:
     return frame
 
 
+def _present(path: Path, names: tuple[str, ...]) -> tuple[str, ...]:
+    """Those of the optional `names` that the CSV's header has (none when it is unreadable)."""
+    try:
+        header = pd.read_csv(path, nrows=0, encoding="utf-8-sig").columns
+    except (OSError, ValueError):
+        return ()  # _read says what is wrong with the file
+    return tuple(name for name in names if name in header)
+
+
 def load_questions(out: Path, *, texts: bool = False) -> pd.DataFrame:
-    """One row per question of qa_dataset.csv, joined on qa_id with its answer and judgment."""
+    """One row per question of qa_dataset.csv, joined on qa_id with its answer and judgment.
+
+    Each question has its `kind`, its count of `relevant` chunks (R), and, when R > 1, the
+    ranks at which the answer `found` them.
+    """
     folder = RunFolder(out)
     qa_path = folder.exam()  # answer records where its exam came from
-    qa = _read(qa_path, ("qa_id", "document", "status", *(TEXTS if texts else ())))
+    # With kinds, a multi-hop question's count of chunks is that of its target_ranks: a
+    # million ids need not be read.
+    optional = _present(qa_path, ("kind",)) or _present(qa_path, ("chunk_ids",))
+    qa = _read(qa_path, ("qa_id", "document", "status", *optional, *(TEXTS if texts else ())))
     index = pd.Index(qa["qa_id"])
     if not index.is_unique:
         repeated = unescape_cell(str(qa["qa_id"][index.duplicated()].iloc[0]))
         raise InputFileError(qa_path, f"repeats qa_id {repeated!r}; each needs its own")
+    kinds, relevant = exam_kinds(qa, qa_path)
+    several = (relevant > 1) | (relevant == UNKNOWN)  # one chunk's rank is target_rank
+    wanted = ("answer",) * texts + ("target_ranks",) * bool(several.any())
     answers_path = folder.answers_read()
-    answers = _aligned(answers_path, index, ("target_rank",), ("answer",) if texts else ())
-    judgments = _aligned(folder.judgments, index, ("completeness", "conciseness"), ())
-    failed = (answers.present & ~answers.ok) | (judgments.present & ~judgments.ok)
-    error = (qa["status"] != "ok").to_numpy() | failed
-    frame = pd.DataFrame(
-        {
-            "qa_id": qa["qa_id"],
-            "document": _documents(qa["document"]),
-            "error": error,
-            "pending": ~error & ~(answers.present & judgments.present),
-            "answered": answers.ok,
-            "judged": judgments.ok,
-            "rank": answers.values["target_rank"],
-            **judgments.values,
-        }
-    )
+    answers = _aligned(answers_path, index, ("target_rank",), wanted)
+    cells = answers.values.get("target_ranks")
+    found = found_ranks(cells, answers.ok & several, relevant, qa["qa_id"], answers_path)
+    unanswerable = kinds == UNANSWERABLE
+    verdicts = _present(folder.judgments, VERDICTS) if unanswerable.any() else ()
+    judgments = _aligned(folder.judgments, index, ("completeness", "conciseness"), verdicts)
+    frame = _frame(qa, answers, judgments, kinds, relevant)
+    if several.any():  # kept only when some question has several chunks: a million are many
+        frame["found"] = found
+    if unanswerable.any():
+        frame["declined"], frame["made_up"] = declines(judgments.values, unanswerable)
     if graded_by_key_points(folder):
         frame = frame.assign(**key_point_figures(folder.judgments, index, judgments.ok))
     if texts:
@@ -207,3 +227,30 @@ def load_questions(out: Path, *, texts: bool = False) -> pd.DataFrame:
         control = _aligned(control_run.judgments, index, ("completeness",), ())
         frame[COLUMNS[name]] = control.values["completeness"]
     return frame
+
+
+def _frame(
+    qa: pd.DataFrame,
+    answers: _Aligned,
+    judgments: _Aligned,
+    kinds: pd.Categorical[str],
+    relevant: IntArray,
+) -> pd.DataFrame:
+    """The columns every question has: its document, state in each stage, rank and grades."""
+    failed = (answers.present & ~answers.ok) | (judgments.present & ~judgments.ok)
+    error = (qa["status"] != "ok").to_numpy() | failed
+    return pd.DataFrame(
+        {
+            "qa_id": qa["qa_id"],
+            "document": _documents(qa["document"]),
+            "error": error,
+            "pending": ~error & ~(answers.present & judgments.present),
+            "answered": answers.ok,
+            "judged": judgments.ok,
+            "rank": answers.values["target_rank"],
+            "kind": kinds,
+            "relevant": relevant.astype(np.int8),  # a byte a question: a million are many
+            "completeness": judgments.values["completeness"],
+            "conciseness": judgments.values["conciseness"],
+        }
+    )

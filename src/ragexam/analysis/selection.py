@@ -15,7 +15,7 @@ import pandas as pd
 from ragexam.analysis.controlruns import COLUMNS
 from ragexam.errors import ConfigError
 
-SCORES = ("rank", "completeness", "conciseness", *COLUMNS.values())
+SCORES = ("rank", "completeness", "conciseness", "declined", "made_up", *COLUMNS.values())
 
 
 def _qa_columns(path: Path, names: tuple[str, ...]) -> dict[str, pd.Series]:

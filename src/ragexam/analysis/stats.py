@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import astuple, dataclass, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from ragexam.analysis.cutoffs import cutoff_columns
 from ragexam.analysis.grouped import grouped_bootstrap_ci
 from ragexam.analysis.keypoints import exam_key_points, graded_by_key_points
 from ragexam.analysis.keypointstats import kappa_bounds, key_point_columns
-from ragexam.analysis.metrics import score_rank
+from ragexam.analysis.kinds import by_kind, kind_codes, kind_columns, retrieved
 from ragexam.analysis.missed import most_missed
 from ragexam.analysis.questions import (
     deepest_rank,
@@ -26,6 +26,7 @@ from ragexam.analysis.questions import (
     resolve_k,
     run_context,
 )
+from ragexam.analysis.ranking import RankStates, question_states
 from ragexam.analysis.resampling import RESAMPLES, bootstrap_ci
 from ragexam.analysis.selection import select
 from ragexam.analysis.staleness import drop_stale, stale_grades
@@ -41,6 +42,7 @@ from ragexam.analysis.summary import (
 )
 from ragexam.analysis.verdict import read_verdict
 from ragexam.io.atomic import atomic_file
+from ragexam.io.cells import KINDS
 from ragexam.io.csvfile import escape_cell, unescape_cell
 from ragexam.io.runfolder import RunFolder
 
@@ -77,8 +79,11 @@ def _summarise_run(options: StatsOptions) -> StatsResult:
     questions = select(questions, exam, options.split, options.exclude_flagged)
     k = resolve_k(out, options.k)
     k = min(k, deepest_rank(out, questions) or k)  # a k past every retrieved chunk adds nothing
-    by_document, overall = summarise(questions, k, options.seed)
-    paths = {name: out / f"{name}.csv" for name in ("summary_by_document", "summary")}
+    states = question_states(questions, k)
+    by_document, overall = summarise(questions, states, options.seed)
+    kinds = summarise_kinds(questions, states, overall, options.seed)
+    names = ("summary_by_document", "summary") + ("summary_by_kind",) * (not kinds.empty)
+    paths = {name: out / f"{name}.csv" for name in names}
     paths["report"] = out / "report.html"
     worst, context = worst_questions(questions, k), run_context(out, k)
     verdict = read_verdict(out)
@@ -87,62 +92,72 @@ def _summarise_run(options: StatsOptions) -> StatsResult:
     result = StatsResult(by_document, overall, k, paths, worst, context, options.seed)
     calibration = read_calibration(out)
     result = replace(result, controls=verdict, calibration=calibration, stale=int(stale.sum()))
-    result = replace(result, questions=questions, out=out)
+    result = replace(result, questions=questions, out=out, by_kind=kinds)
     result = replace(result, missed=most_missed(folder.judgments, questions, points))
     _write_csv(by_document, paths["summary_by_document"])
     _write_csv(overall, paths["summary"])
+    if kinds.empty:  # an earlier exam's would now be stale
+        (out / "summary_by_kind.csv").unlink(missing_ok=True)
+    else:
+        with atomic_file(paths["summary_by_kind"]) as handle:
+            kinds.to_csv(handle, index=False, float_format="%.12g")
     return result
 
 
 # -- summarising ---------------------------------------------------------------------------------
 
 
-def score_table(k: int) -> FloatArray:
-    """Row 0 scores a miss, row r the source chunk at rank r: metrics.score_rank (trec_eval)."""
-    return np.array([astuple(score_rank(rank, k)) for rank in [None, *range(1, k + 1)]])
-
-
-def rank_index(questions: pd.DataFrame, k: int) -> IntArray:
-    """0 for a miss (no rank, or a rank beyond k), else the rank; for answered questions."""
-    rank = questions["rank"].to_numpy()
-    return np.where(rank <= k, rank, 0).astype(np.int64)
-
-
-def summarise(questions: pd.DataFrame, k: int, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+def summarise(
+    questions: pd.DataFrame, states: RankStates, seed: int = 0
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The per-document summary (worst completeness first) and the overall one (document ALL)."""
     documents = questions["document"].cat
     codes = documents.codes.to_numpy().astype(np.int64)
-    by_document = _columns(
-        questions, codes, len(documents.categories), k, partial(grouped_bootstrap_ci, seed=seed)
-    )
+    n = len(documents.categories)
+    by_document = _columns(questions, codes, n, states, partial(grouped_bootstrap_ci, seed=seed))
+    by_document = by_document.assign(**kind_columns(questions, codes, n, states))
     by_document.insert(0, "document", documents.categories.astype(str))
     by_document = by_document.sort_values(
         ["completeness_mean", "hit_rate", "document"], na_position="last", kind="stable"
     ).reset_index(drop=True)
-    overall = _columns(
-        questions, np.zeros(len(questions), np.int64), 1, k, partial(_overall_ci, seed=seed)
-    )
+    whole = np.zeros(len(questions), np.int64)
+    overall = _columns(questions, whole, 1, states, partial(_overall_ci, seed=seed))
+    overall = overall.assign(**kind_columns(questions, whole, 1, states))
     overall.insert(0, "document", "ALL")
     return by_document, overall.assign(**kappa_bounds(questions, seed))
 
 
-def _columns(questions: pd.DataFrame, groups: IntArray, n: int, k: int, ci: CI) -> pd.DataFrame:
+def summarise_kinds(
+    questions: pd.DataFrame, states: RankStates, overall: pd.DataFrame, seed: int = 0
+) -> pd.DataFrame:
+    """One row per kind of question the exam holds, then ALL (the overall row); no rows when
+    every question is single."""
+    codes = kind_codes(questions)
+    if not codes.any():
+        return pd.DataFrame()
+    ci = partial(grouped_bootstrap_ci, seed=seed)
+    return by_kind(_columns(questions, codes, len(KINDS), states, ci), questions, overall)
+
+
+def _columns(
+    questions: pd.DataFrame, groups: IntArray, n: int, states: RankStates, ci: CI
+) -> pd.DataFrame:
     """Every summary column but `document`, one row per group."""
     columns: dict[str, Any] = {"questions": np.bincount(groups, minlength=n)}
     for name, flag in COUNTS.items():
         columns[name] = np.bincount(groups[questions[flag].to_numpy()], minlength=n)
     if "flagged" in questions:
         columns["flagged"] = np.bincount(groups[questions["flagged"].to_numpy()], minlength=n)
-    judged, answered = questions["judged"].to_numpy(), questions["answered"].to_numpy()
+    judged = questions["judged"].to_numpy()
     for name in ("completeness", "conciseness"):
         values = questions[name].to_numpy()[judged]
         with np.errstate(invalid="ignore", divide="ignore"):
             columns[f"{name}_mean"] = np.bincount(groups[judged], values, n) / columns["n_judged"]
         columns[f"{name}_ci_low"], columns[f"{name}_ci_high"] = ci(groups[judged], values, n)
     columns.update(key_point_columns(questions, groups, n, judged))
-    ranks = rank_index(questions, k)[answered]
-    columns.update(_retrieval(groups[answered], ranks, n, k, ci))
-    columns.update(cutoff_columns(groups[answered], ranks, n, k))
+    scored = retrieved(questions)
+    columns.update(_retrieval(groups[scored], states.index[scored], states, n, ci))
+    columns.update(cutoff_columns(groups[scored], states.index[scored], states, n))
     completeness, conciseness = columns["completeness_mean"], columns["conciseness_mean"]
     columns.update(control_means(questions, groups, n, completeness))
     diagnosis = diagnose(completeness, conciseness, columns["hit_rate"], columns["n_judged"])
@@ -151,20 +166,22 @@ def _columns(questions: pd.DataFrame, groups: IntArray, n: int, k: int, ci: CI) 
     return pd.DataFrame(columns)
 
 
-def _retrieval(groups: IntArray, ranks: IntArray, n: int, k: int, ci: CI) -> dict[str, Any]:
-    """Retrieval means (misses included), hit rate and MRR CIs, and the rank distribution."""
-    table = score_table(k)
-    counts = np.bincount(groups * (k + 1) + ranks, minlength=n * (k + 1)).reshape(n, k + 1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        means = counts @ table / counts.sum(axis=1, keepdims=True)
+def _retrieval(
+    groups: IntArray, index: IntArray, states: RankStates, n: int, ci: CI
+) -> dict[str, Any]:
+    """Retrieval means (misses included), hit rate and MRR CIs, and the best-rank histogram."""
+    counts, means = states.means(groups, index, n)
+    table = states.table()
     columns: dict[str, Any] = {}
     for position, name in enumerate(RETRIEVAL):
         columns[name] = means[:, position]
         if name in ("hit_rate", "mrr"):
-            bounds = ci(groups, table[ranks, position], n)
+            bounds = ci(groups, table[index, position], n)
             columns[f"{name}_ci_low"], columns[f"{name}_ci_high"] = bounds
-    columns["missed"] = counts[:, 0]
-    columns.update({f"rank_{rank}": counts[:, rank] for rank in range(1, k + 1)})
+    columns["missed"] = counts @ (table[:, 0] == 0).astype(np.int64)
+    best = states.best()
+    for rank in range(1, states.k + 1):
+        columns[f"rank_{rank}"] = counts @ (best == rank).astype(np.int64)
     return columns
 
 
@@ -194,7 +211,8 @@ def worst_questions(questions: pd.DataFrame, k: int, limit: int = WORST_QUESTION
         cut = np.partition(completeness[candidates], limit - 1)[limit - 1]
         candidates = candidates[completeness[candidates] <= cut]
     conciseness = np.where(judged, questions["conciseness"].to_numpy(), np.inf)
-    rr = np.where(answered, score_table(k)[rank_index(questions, k), 1], np.inf)
+    states = question_states(questions, k)
+    rr = np.where(retrieved(questions), states.table()[states.index, 1], np.inf)
     keys = (rr[candidates], conciseness[candidates], completeness[candidates])
     chosen = candidates[np.lexsort(keys)[:limit]]
     columns = ["qa_id", "document", *TEXTS, "answer", "rank", "completeness", "conciseness"]

@@ -30,7 +30,8 @@ DIAGNOSES = {
     **MEASURED,
 }
 COUNTS = {"errors": "error", "pending": "pending", "n_answered": "answered", "n_judged": "judged"}
-RETRIEVAL = ("hit_rate", "mrr", "map", "ndcg", "precision", "recall", "f1")  # RetrievalScores order
+# ranking.COLUMNS' order: RetrievalScores' fields, then all_found
+RETRIEVAL = ("hit_rate", "mrr", "map", "ndcg", "precision", "recall", "f1", "all_found")
 
 
 @dataclass(frozen=True)
@@ -50,3 +51,4 @@ class StatsResult:
     questions: pd.DataFrame = field(default_factory=pd.DataFrame)  # every one, for the drill-down
     out: Path | None = None
     missed: pd.DataFrame = field(default_factory=pd.DataFrame)  # each document's most-missed points
+    by_kind: pd.DataFrame = field(default_factory=pd.DataFrame)  # per kind of question, and ALL

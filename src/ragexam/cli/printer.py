@@ -67,6 +67,8 @@ class Printer(Observer):
         self.say_notes()
         skipped = SKIPPED.get(stage, "").format(result.skipped) if result.skipped else None
         summary_line(stage.replace("_", " "), result, skipped)
+        for note in result.notes:
+            say(f"  {note}")
         if price is None:
             say("  cost: unknown: set RAGEXAM_PRICE_INPUT and RAGEXAM_PRICE_OUTPUT (USD/1M tokens)")
         else:
@@ -91,11 +93,13 @@ class Printer(Observer):
         """The worst documents as a table on stdout, then what qualifies them."""
         from ragexam.report.controlcharts import control_line
         from ragexam.report.marked import key_point_line
-        from ragexam.report.terminal import terminal_table
+        from ragexam.report.terminal import kind_table, terminal_table
 
         self.say_notes()
         Starting.clear()  # the table goes to stdout: no transient line may be drawn over it
         Console().print(terminal_table(result))
+        if not result.by_kind.empty:
+            Console().print(kind_table(result.by_kind))
         if line := control_line(result.overall):
             say(line)
         if line := key_point_line(result.overall):

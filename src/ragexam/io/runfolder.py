@@ -18,6 +18,7 @@ QA_FILE = "qa_dataset.csv"
 ANSWERS_FILE = "answers.csv"
 JUDGMENTS_FILE = "judgments.csv"
 CONTROLS_FILE = "judge_controls.csv"
+DROPPED_FILE = "dropped_questions.csv"
 KEY_POINTS_FILE = "key_points.csv"  # key points written once for an exam without them
 # `run --control-runs` answers and grades in these folders, each answerer given this context
 CONTROL_RUNS = {"gold": AnswerContext.gold, "closed_book": AnswerContext.none}
@@ -55,6 +56,11 @@ class RunFolder:
     def judgments(self) -> Path:
         """What judge writes."""
         return self.path / JUDGMENTS_FILE
+
+    @property
+    def dropped(self) -> Path:
+        """The harder questions generate wrote and its verification dropped, with why."""
+        return self.path / DROPPED_FILE
 
     @property
     def controls(self) -> Path:

@@ -81,6 +81,11 @@ def record_cost(out: Path, stage: str, settings: Settings) -> tuple[float | None
         "completion": record.get("completion_tokens", 0),
     }
     cost = price.cost(int(billed["prompt"]), int(billed["completion"])) if price else None
+    for role in (record.get("verification") or {}).values():  # generate's checks: other models
+        checked = price_of(str(role.get("model", "")), settings)
+        tokens = role.get("tokens_billed") or {}
+        spent = [int(tokens.get("prompt", 0)), int(tokens.get("completion", 0))]
+        cost = None if cost is None or checked is None else cost + checked.cost(*spent)
     priced = {"cost_usd": cost, "price": price.describe() if price else None}
     update_manifest(out, stage, {**record, **priced})
     record_total(out)

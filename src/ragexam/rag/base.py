@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,29 +28,78 @@ class Hit:
     text: str | None
 
 
-def rank_of(source_id: str, source_text: str | None, hits: Sequence[Hit]) -> int | None:
-    """1-based rank of the source chunk among hits: same id, or identical text; else None."""
-    for rank, hit in enumerate(hits, start=1):
-        if hit.id is not None and hit.id == source_id:
-            return rank
-        if source_text is not None and hit.text is not None and hit.text == source_text:
-            return rank
-    return None
+def ranks_of(
+    source_ids: Sequence[str], source_texts: Sequence[str | None], hits: Sequence[Hit]
+) -> list[int | None]:
+    """Each source chunk's 1-based rank among hits (same id, or identical text), else None.
+
+    A hit counts for one source chunk at most, as trec_eval judges a retrieved document once:
+    two sources of one text take two hits.
+    """
+    ranks: list[int | None] = []
+    taken: set[int] = set()
+    for source_id, text in zip(source_ids, source_texts, strict=True):
+        rank = next(
+            (
+                rank
+                for rank, hit in enumerate(hits, start=1)
+                if rank not in taken and (hit.id == source_id or _same_text(hit, text))
+            ),
+            None,
+        )
+        ranks.append(rank)
+        if rank is not None:
+            taken.add(rank)
+    return ranks
+
+
+def _same_text(hit: Hit, text: str | None) -> bool:
+    return text is not None and hit.text is not None and hit.text == text
 
 
 @dataclass(frozen=True)
 class Question:
-    """One exam question and the chunk it was written from."""
+    """One exam question and the chunks it was written from (none for an unanswerable one)."""
 
     qa_id: str
     chunk_id: str
     text: str
     ground_truth: str = ""
+    chunk_ids: tuple[str, ...] = ()  # every source chunk; empty: chunk_id alone, if any
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """The ids of every source chunk, best first as the exam lists them."""
+        return self.chunk_ids or ((self.chunk_id,) if self.chunk_id else ())
 
     @property
     def input_hash(self) -> str:
-        """What an answer to it is made from: the question, its ground truth and its source."""
-        return input_hash(self.text, self.ground_truth, self.chunk_id)
+        """What an answer to it is made from: the question, its ground truth and its sources."""
+        # One source hashes as before several were possible: answers made then stay current.
+        return input_hash(self.text, self.ground_truth, *(self.sources or ("",)))
+
+
+@dataclass(frozen=True)
+class Sources:
+    """A question's source chunks: their ids and, where the store has them, their texts."""
+
+    ids: tuple[str, ...]
+    texts: tuple[str | None, ...]
+
+    @property
+    def first(self) -> str | None:
+        """The first source chunk's text (the `source_text` column), if known."""
+        return self.texts[0] if self.texts else None
+
+    def ranks(self, hits: Sequence[Hit]) -> list[int | None]:
+        """Where each source chunk ranked among hits."""
+        return ranks_of(self.ids, self.texts, hits)
+
+
+def sources_of(question: Question, texts: Mapping[str, str]) -> Sources:
+    """The question's sources, with the texts found in `texts` (by id)."""
+    ids = question.sources
+    return Sources(ids, tuple(texts.get(chunk_id) for chunk_id in ids))
 
 
 class RagSystem(ABC):
@@ -68,8 +117,8 @@ class RagSystem(ABC):
 
     async def prepare(self, batch: list[Question]) -> list[Any]:
         """Per-question payloads for one batch."""
-        sources = await self.source_texts([question.chunk_id for question in batch])
-        return [(question, sources.get(question.chunk_id)) for question in batch]
+        texts = await self.source_texts(source_ids(batch))
+        return [(question, sources_of(question, texts)) for question in batch]
 
     async def source_texts(self, ids: list[str]) -> dict[str, str]:
         """Texts of chunks by id, for matching duplicates by text (none without a store)."""
@@ -100,23 +149,28 @@ class RagSystem(ABC):
         """Release ragexam's client of the store."""
         release(self.store)
 
-    def row(
-        self, answer: str, hits: Sequence[Hit], rank: int | None, source: str | None
-    ) -> dict[str, Any]:
+    def row(self, answer: str, hits: Sequence[Hit], sources: Sources) -> dict[str, Any]:
         """The value columns of one answered question, with the texts it saw when asked."""
-        row = answer_row(answer, hits, rank)
+        row = answer_row(answer, hits, sources.ranks(hits))
         limit = self.text_chars
         if limit is not None:
             texts = [None if hit.text is None else hit.text[:limit] for hit in hits]
             row["retrieved_texts"] = json.dumps(texts, ensure_ascii=False)
-            row["source_text"] = None if source is None else source[:limit]
+            row["source_text"] = None if sources.first is None else sources.first[:limit]
         return row
 
 
-def answer_row(answer: str, hits: Sequence[Hit], rank: int | None) -> dict[str, Any]:
-    """The value columns of one answered question."""
+def source_ids(batch: Sequence[Question]) -> list[str]:
+    """Every source chunk id of a batch of questions, once each."""
+    return list(dict.fromkeys(chunk_id for question in batch for chunk_id in question.sources))
+
+
+def answer_row(answer: str, hits: Sequence[Hit], ranks: Sequence[int | None]) -> dict[str, Any]:
+    """The value columns of one answered question: `target_rank` is the best of `target_ranks`."""
+    found = [rank for rank in ranks if rank is not None]
     return {
         "answer": answer,
         "retrieved_ids": json.dumps([hit.id for hit in hits]),
-        "target_rank": rank,
+        "target_rank": min(found, default=None),
+        "target_ranks": json.dumps(list(ranks)),
     }

@@ -9,7 +9,7 @@ from ragexam.errors import ConfigError, RagexamError, RowError
 from ragexam.llm.client import LLM, describe
 from ragexam.llm.endpoint import EndpointMemory
 from ragexam.llm.prompts import Prompt, context_block, load_prompt
-from ragexam.rag.base import Hit, Question, RagSystem, rank_of
+from ragexam.rag.base import Hit, Question, RagSystem, source_ids, sources_of
 from ragexam.rag.embedders import make_embedder
 from ragexam.rag.retrieval import Retriever
 from ragexam.store.chroma import StoreRef
@@ -44,7 +44,7 @@ class BuiltinRag(RagSystem):
 
     async def prepare(self, batch: list[Question]) -> list[Any]:
         """Retrieve for the whole batch; a failed batch fails its rows, not the run."""
-        sources = await self.source_texts([question.chunk_id for question in batch])
+        texts = await self.source_texts(source_ids(batch))
         try:
             hits = self.ready.pop(batch[0].qa_id, None) or await self.retriever.retrieve(
                 [question.text for question in batch]
@@ -54,7 +54,7 @@ class BuiltinRag(RagSystem):
         except Exception as exc:  # e.g. an embedding endpoint that failed after its retries
             reason = f"retrieval failed: {describe(exc)[:300]}"
             return [RowError(reason)] * len(batch)
-        return [(q, sources.get(q.chunk_id), h) for q, h in zip(batch, hits, strict=True)]
+        return [(q, sources_of(q, texts), h) for q, h in zip(batch, hits, strict=True)]
 
     async def preflight(self, first: list[Question]) -> None:
         """Retrieve the first batch: the embedding works, and its dimension fits the collection.
@@ -68,7 +68,7 @@ class BuiltinRag(RagSystem):
         """Answer from the retrieved chunks."""
         if isinstance(payload, RagexamError):
             raise payload
-        question, source_text, hits = payload
+        question, sources, hits = payload
         if not question.text.strip():
             raise RowError("the question is empty")
         values = self.prompt.fill(
@@ -76,8 +76,7 @@ class BuiltinRag(RagSystem):
             context=context_block([(hit.text or "")[: self.max_chars] for hit in hits]),
         )
         reply = await self.llm.text(self.prompt.template.format_messages(**values))
-        rank = rank_of(question.chunk_id, source_text, hits)
-        return {**self.row(reply.value, hits, rank, source_text), **reply.cost()}
+        return {**self.row(reply.value, hits, sources), **reply.cost()}
 
     def describe(self) -> dict[str, Any]:
         """Adds where the query embeddings are computed."""

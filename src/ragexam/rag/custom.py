@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ragexam.errors import ConfigError, RowError
-from ragexam.rag.base import Hit, RagSystem, rank_of
+from ragexam.rag.base import Hit, RagSystem
 from ragexam.store.chroma import StoreRef
 from ragexam.store.deadline import DeadlineExceeded, await_with_deadline
 
@@ -215,13 +215,12 @@ class CustomRag(RagSystem):
 
     async def answer(self, payload: Any) -> dict[str, Any]:
         """Ask the callable; match what it retrieved against the source chunk."""
-        question, source_text = payload
+        question, sources = payload
         started = time.monotonic()
         answer, hits = await call_rag(self.rag, question.text, self.timeout)
         latency = round(time.monotonic() - started, 3)
         missing = [hit.id for hit in hits if hit.text is None and hit.id is not None]
-        if missing and (source_text is not None or self.text_chars is not None):
+        if missing and (any(sources.texts) or self.text_chars is not None):
             texts = await self.source_texts(missing)  # ids only: texts match duplicates
             hits = [Hit(hit.id, texts.get(hit.id or "", hit.text)) for hit in hits]
-        rank = rank_of(question.chunk_id, source_text, hits)
-        return {**self.row(answer, hits, rank, source_text), "latency_s": latency}
+        return {**self.row(answer, hits, sources), "latency_s": latency}

@@ -6,7 +6,6 @@ measures what it knows without any document. Both use the same answer model as t
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from ragexam.config import AnswerContext, Settings
@@ -14,7 +13,7 @@ from ragexam.errors import RowError
 from ragexam.llm.client import LLM
 from ragexam.llm.endpoint import EndpointMemory
 from ragexam.llm.prompts import Prompt, context_block, load_prompt
-from ragexam.rag.base import Question, RagSystem
+from ragexam.rag.base import Hit, Question, RagSystem, answer_row, sources_of
 from ragexam.store.chroma import StoreRef
 
 PROMPTS = {AnswerContext.gold: "answer", AnswerContext.none: "answer_closed_book"}
@@ -48,29 +47,29 @@ class GivenContext(RagSystem):
     async def prepare(self, batch: list[Question]) -> list[Any]:
         """Gold reads the batch's source chunks in one store call; closed-book reads nothing."""
         if self.context == AnswerContext.none:
-            return [(question, None) for question in batch]
+            return [(question, sources_of(question, {})) for question in batch]
         return await super().prepare(batch)
 
     async def answer(self, payload: Any) -> dict[str, Any]:
-        """Answer from the source chunk, or from nothing."""
-        question, source_text = payload
+        """Answer from the source chunks (none for an unanswerable question), or from nothing."""
+        question, sources = payload
         if not question.text.strip():
             raise RowError("the question is empty")
         values = {"question": question.text}
-        if self.context == AnswerContext.gold:
-            if source_text is None:
-                raise RowError(f"the source chunk {question.chunk_id!r} is not in the store")
-            values["context"] = context_block([source_text[: self.max_chars]])
+        gold = self.context == AnswerContext.gold
+        if gold:
+            missing = [
+                i for i, text in zip(sources.ids, sources.texts, strict=True) if text is None
+            ]
+            if missing:
+                raise RowError(f"the source chunk {missing[0]!r} is not in the store")
+            values["context"] = context_block([text[: self.max_chars] for text in sources.texts])
         reply = await self.llm.text(
             self.prompt.template.format_messages(**self.prompt.fill(**values))
         )
-        gold = self.context == AnswerContext.gold
-        return {
-            "answer": reply.value,
-            "retrieved_ids": json.dumps([question.chunk_id] if gold else []),
-            "target_rank": 1 if gold else None,
-            **reply.cost(),
-        }
+        hits = [Hit(chunk_id, None) for chunk_id in sources.ids] if gold else []
+        ranks = list(range(1, len(sources.ids) + 1)) if gold else [None] * len(sources.ids)
+        return {**answer_row(reply.value, hits, ranks), **reply.cost()}
 
     def figures(self) -> dict[str, Any]:
         """Chat calls made."""

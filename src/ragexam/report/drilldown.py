@@ -19,6 +19,7 @@ import pandas as pd
 
 from ragexam.analysis.keypoints import exam_key_points
 from ragexam.analysis.summary import LOW_COMPLETENESS, LOW_CONCISENESS
+from ragexam.io.cells import SINGLE, UNANSWERABLE
 from ragexam.io.csvfile import unescape_cell
 from ragexam.io.runfolder import RunFolder
 from ragexam.report.marked import marked_points, unsupported
@@ -71,14 +72,15 @@ def extra_columns(out: Path, questions: pd.DataFrame) -> pd.DataFrame:
     """The questions with what the drill-down adds: chunk id, retrieved ids and texts, reasoning."""
     ids = questions["qa_id"]
     folder = RunFolder(out)
-    qa = _columns(folder.exam(), ("chunk_id",), ids)
+    qa = _columns(folder.exam(), ("chunk_id", "chunk_ids"), ids)
     answers_path = folder.answers_read()
-    wanted = ("retrieved_ids", "retrieved_texts", "source_text")
+    wanted = ("retrieved_ids", "retrieved_texts", "source_text", "target_ranks")
     answers = _columns(answers_path, wanted, ids)
     judged = _columns(folder.judgments, ("reasoning", "error", *MARKING), ids)
     points = exam_key_points(folder) if (judged["key_point_verdicts"] != "").any() else {}
     return questions.assign(
         chunk_id=qa["chunk_id"].to_numpy(),
+        chunk_ids=qa["chunk_ids"].to_numpy(),
         **{name: answers[name].to_numpy() for name in wanted},
         reasoning=judged["reasoning"].to_numpy(),
         **{name: judged[name].to_numpy() for name in MARKING},
@@ -179,9 +181,11 @@ def _document(
 
 
 def _missed(row: dict[Any, Any], k: int) -> bool:
-    """Whether the question was answered without its source chunk in the top k."""
+    """Whether the question was answered without a source chunk in the top k (an unanswerable
+    question has none to miss)."""
     rank = _number(row["rank"])
-    return bool(row["answered"]) and (rank is None or rank > k)
+    unanswerable = str(row.get("kind", "")) == UNANSWERABLE
+    return bool(row["answered"]) and not unanswerable and (rank is None or rank > k)
 
 
 def _question(row: dict[Any, Any], k: int) -> str:
@@ -193,7 +197,9 @@ def _question(row: dict[Any, Any], k: int) -> str:
     classes += ["lc"] * _below(row["completeness"], LOW_COMPLETENESS)
     classes += ["ls"] * _below(row["conciseness"], LOW_CONCISENESS)
     points, statements = marked_points(row), unsupported(row)
-    facts = [
+    kind = str(row.get("kind", SINGLE))
+    facts = [("kind", escape(kind))] if kind != SINGLE else []
+    facts += [
         ("ground truth", _text(row["ground_truth_answer"])),
         *([("key points", points)] if points else []),
         ("answer", _text(row["answer"]) if row["answered"] else "<i>not answered</i>"),
@@ -201,9 +207,12 @@ def _question(row: dict[Any, Any], k: int) -> str:
         ("grades", _grades(row)),
         ("judge", _text(row["reasoning"])),
         ("rank", "miss" if missed else str(shown or "-")),
-        ("retrieved", _retrieved(str(row["retrieved_ids"]), shown)),
+        ("retrieved", _retrieved(str(row["retrieved_ids"]), _found(row, shown, k))),
         ("source chunk", f"{escape(str(row['chunk_id']))}{_source(row, shown)}"),
     ]
+    if kind != SINGLE:  # the first chunk's text is recorded; every chunk is named
+        chunks = escape(unescape_cell(str(row.get("chunk_ids") or ""))) or "none"
+        facts[-1] = ("source chunks", chunks + (_source(row, shown) if shown else ""))
     listed = "".join(f"<dt>{name}</dt><dd>{value}</dd>" for name, value in facts)
     return (
         f'<div class="{" ".join(classes)}" id="q-{escape(str(row["qa_id"]))}">'
@@ -236,8 +245,19 @@ def _grades(row: dict[Any, Any]) -> str:
     return f"completeness {row['completeness']:.2f}, conciseness {row['conciseness']:.2f}"
 
 
-def _retrieved(ids_json: str, rank: int | None) -> str:
-    """The retrieved ids in order, the source chunk's one marked."""
+def _found(row: dict[Any, Any], shown: int | None, k: int) -> set[int]:
+    """The ranks within k of every source chunk (target_ranks), else of the one shown."""
+    try:
+        ranks = json.loads(str(row.get("target_ranks") or "null"))
+    except ValueError:
+        ranks = None
+    if not isinstance(ranks, list):
+        return {shown} if shown else set()
+    return {rank for rank in ranks if isinstance(rank, int) and rank <= k}
+
+
+def _retrieved(ids_json: str, found: set[int]) -> str:
+    """The retrieved ids in order, the source chunks' ones marked."""
     try:
         ids = json.loads(ids_json) if ids_json else []
     except ValueError:
@@ -246,7 +266,7 @@ def _retrieved(ids_json: str, rank: int | None) -> str:
         return "-"
     items = [
         f'<li class="src">{escape(str(i))} ← source</li>'
-        if n == rank
+        if n in found
         else f"<li>{escape(str(i))}</li>"
         for n, i in enumerate(ids, start=1)
     ]

@@ -17,7 +17,7 @@ from ragexam.analysis.summary import (
     StatsResult,
 )
 from ragexam.io.atomic import atomic_file
-from ragexam.report import drilldown, marked, page
+from ragexam.report import drilldown, kinds, marked, page
 from ragexam.report.charts import bars, histogram, scatter
 from ragexam.report.controlcharts import sections as measured_sections
 
@@ -74,6 +74,7 @@ def write_report(result: StatsResult, path: Path) -> Path:
     sections = [
         _header(result),
         _cards(result.overall.iloc[0]),
+        kinds.section(result.by_kind),
         *judge_panels(result),
         page.section(
             "Documents, worst completeness first",
@@ -243,6 +244,8 @@ def _legend(result: StatsResult) -> str:
         "misses included; a question that failed in any stage counts in errors and in no mean.",
         f"95% confidence intervals: percentile bootstrap, {RESAMPLES} resamples, seed "
         f"{result.seed} (per document a Poisson bootstrap, overall the exact multinomial one).",
-        "Retrieval metrics follow trec_eval, with one relevant chunk per question.",
+        "Retrieval metrics follow trec_eval, with the question's chunks as its relevant ones "
+        "(one for a single question, two for a multi-hop one); unanswerable questions are out "
+        "of the retrieval means.",
     ]
     return f"<dl>{items}</dl>" + "".join(f'<p class="note">{escape(note)}</p>' for note in notes)

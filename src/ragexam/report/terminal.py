@@ -49,6 +49,37 @@ def terminal_table(result: StatsResult) -> Table:
     return table
 
 
+KIND_FIGURES = {
+    "questions": "n",
+    "completeness_mean": "compl",
+    "conciseness_mean": "conc",
+    "hit_rate": "hit",
+    "mrr": "MRR",
+    "all_found": "all",
+    "declined": "declined",
+    "made_up": "made up",
+}
+
+
+def kind_table(by_kind: pd.DataFrame) -> Table:
+    """summary_by_kind.csv as a compact rich table: each kind of question, then ALL."""
+    table = Table(
+        title="By kind of question",
+        caption="all: every chunk of the question retrieved; declined, made up: shares of the "
+        "unanswerable questions' graded answers",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    table.add_column("kind", no_wrap=True)
+    for header in KIND_FIGURES.values():
+        table.add_column(header, justify="right")
+    for _, row in by_kind.iterrows():
+        cells = [Text(str(row["kind"])), Text(f"{int(row['questions']):,}")]
+        cells += [Text(number(row.get(name))) for name in list(KIND_FIGURES)[1:]]
+        table.add_row(*cells, style="bold" if row["kind"] == "ALL" else "")
+    return table
+
+
 def short_name(name: str, width: int = TERMINAL_NAME) -> str:
     """A document name cut to one line from the left: a path's end says most about it."""
     return name if len(name) <= width else "…" + name[-(width - 1) :]
@@ -100,8 +131,10 @@ def _cells(row: pd.Series) -> list[Text]:
         numbers += [f"[{row['ci_low']:+.3f}, {row['ci_high']:+.3f}]", f"{row['p_value']:.2g}"]
     colour = "green" if row["diff"] > 0 else "red" if row["diff"] < 0 else ""
     counts = "/".join(str(row[name]) for name in ("improved", "worse", "same"))
+    kind = str(row.get("kind", "all"))
+    document = printable(str(row["document"])) + ("" if kind == "all" else f" · {kind}")
     cells = [
-        Text(printable(str(row["document"]))),
+        Text(document),
         Text(str(row["metric"])),
         *map(Text, numbers),
         Text(counts),

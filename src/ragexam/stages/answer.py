@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ragexam.config import AnswerContext, Settings
-from ragexam.errors import ConfigError
+from ragexam.errors import ConfigError, InputFileError
+from ragexam.io.cells import id_list
 from ragexam.io.csvfile import read_rows
 from ragexam.io.runfolder import RunFolder
 from ragexam.options import DEFAULT_K, Given
@@ -23,7 +24,8 @@ from ragexam.stages.session import Session
 from ragexam.stages.setup import identity, store_ref
 from ragexam.store.chroma import StoreRef, open_collection
 
-ANSWER_COLUMNS = ("answer", "retrieved_ids", "target_rank", "k", "rag", "context", "embedding")
+ANSWER_COLUMNS: tuple[str, ...] = ("answer", "retrieved_ids", "target_rank", "target_ranks")
+ANSWER_COLUMNS += ("k", "rag", "context", "embedding")
 TEXT_COLUMNS = ("retrieved_texts", "source_text")  # what the answerer saw; off with --no-texts
 QA_REQUIRED = ("qa_id", "chunk_id", "question")
 BATCH = 64  # questions per embedding call and per Chroma query
@@ -39,8 +41,22 @@ def read_questions(path: Path) -> tuple[list[Question], int]:
             skipped += 1
             continue
         ground_truth = row.get("ground_truth_answer", "")
-        questions.append(Question(row["qa_id"], row["chunk_id"], row["question"], ground_truth))
+        sources = _chunk_ids(path, row)
+        question = Question(row["qa_id"], row["chunk_id"], row["question"], ground_truth, sources)
+        questions.append(question)
     return questions, skipped
+
+
+def _chunk_ids(path: Path, row: dict[str, str]) -> tuple[str, ...]:
+    """The row's source chunks: `chunk_ids` when the exam has them, else its `chunk_id`."""
+    if "chunk_ids" not in row:
+        return ()
+    ids = id_list(row["chunk_ids"])
+    if ids is None:
+        raise InputFileError(
+            path, f"the row of qa_id {row['qa_id']!r} has chunk_ids that are no JSON array of ids"
+        )
+    return ids
 
 
 def run_answer(settings: Settings, given: Given, session: Session) -> StageResult:

@@ -8,6 +8,7 @@ estimates answer and judge before their inputs exist, from stand-in texts of tho
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 from itertools import islice
@@ -19,6 +20,7 @@ from langchain_core.messages import BaseMessage
 from ragexam.analysis.controls import build_controls
 from ragexam.analysis.keypoints import dump
 from ragexam.config import AnswerContext, Scale, Settings
+from ragexam.io.cells import SINGLE
 from ragexam.io.csvfile import read_rows
 from ragexam.io.fingerprint import stale_rows
 from ragexam.io.runfolder import CONTROL_RUNS, RunFolder
@@ -108,15 +110,16 @@ def _done(rows: list[dict[str, str]], key: str) -> tuple[set[str], float | None]
     return {row[key] for row in rows}, (output / calls if calls else None)
 
 
-def estimate_generate(settings: Settings, given: Given, session: Session) -> Estimate:
-    """generate: one call per chunk still to do, except empty chunks."""
+def estimate_generate(settings: Settings, given: Given, session: Session) -> list[Estimate]:
+    """generate: one call per chunk still to do, except empty chunks; then the harder
+    questions still wanted (harder_estimates)."""
     store = store_ref(given, settings, session)
     plan = GeneratePlan(settings, given, store, open_collection(store), session)
     try:
         done, per_call = done_rows(
             RunFolder(given.out).qa_dataset, plan.llm.model, plan.prompt.hash
         )
-        rows, tasks = plan.tasks(done)
+        rows, tasks = plan.single_tasks(done)
         asked = [task for task in tasks if str(task.payload).strip()]
         prompts = [plan.messages(task) for task in asked]
         if plan.critic is not None:  # --check: one critic call per question written
@@ -125,9 +128,45 @@ def estimate_generate(settings: Settings, given: Given, session: Session) -> Est
                 plan.critic.fill(chunk=task.payload, question=half, answer=half) for task in asked
             )
             prompts += [plan.critic.template.format_messages(**value) for value in values]
-        return estimate("generate", plan.llm.model, rows, prompts, settings, per_call)
+        single = estimate("generate", plan.llm.model, rows, prompts, settings, per_call)
+        return [single, *harder_estimates(plan, done, settings)]
     finally:
         release(store)
+
+
+def harder_estimates(plan: GeneratePlan, done: set[str], settings: Settings) -> list[Estimate]:
+    """Per harder kind still wanted: its writing and every check of each question, as if each
+    candidate were kept at its first try (a dropped one costs fewer checks, and a write more)."""
+    if plan.harder is None:
+        return []
+    path = RunFolder(plan.out).qa_dataset
+    rows = read_rows(path, ["qa_id"]) if path.exists() else []
+    plan.harder.start(Counter(row.get("kind") or SINGLE for row in rows if row["qa_id"] in done))
+    filler, found = _filler(OUTPUT_TOKENS["generate"] / 2), []
+    verifier = plan.harder.verifier
+    for kind, item in plan.harder.asked.items():
+        picked = item.candidates[: item.quota.wanted]
+        checks = [prompt for c in picked for prompt in plan.harder.checks(c, filler)]
+        parts = [
+            estimate(
+                "generate", plan.llm.model, len(picked), map(plan.harder.messages, picked), settings
+            ),
+            estimate("answer", verifier.answerer.model, 0, checks[0::2], settings),
+            estimate("judge", verifier.judge.model, 0, checks[1::2], settings),
+        ]
+        costs = [part.cost_usd for part in parts]
+        found.append(
+            Estimate(
+                f"generate {kind}",
+                plan.llm.model,
+                len(picked),
+                sum(part.calls for part in parts),
+                sum(part.input_tokens for part in parts),
+                sum(part.output_tokens for part in parts),
+                None if None in costs else sum(cost or 0.0 for cost in costs),
+            )
+        )
+    return found
 
 
 def estimate_answer(settings: Settings, given: Given, session: Session) -> Estimate:
@@ -245,7 +284,7 @@ def estimate_run(settings: Settings, given: Given, session: Session) -> list[Est
     """Every stage of `run`; answer and judge on stand-ins for texts that do not exist yet
     (with --qa-dataset, no generate, and the answers to that exam's questions)."""
     given_exam = given.inputs.qa_dataset
-    first = [] if given_exam else [estimate_generate(settings, given, session)]
+    written = [] if given_exam else estimate_generate(settings, given, session)
     store = store_ref(given, settings, session)
     collection = open_collection(store)
     try:
@@ -266,7 +305,7 @@ def estimate_run(settings: Settings, given: Given, session: Session) -> list[Est
         # generate writes key points: the judge grades by them unless --scale says otherwise
         scale = given.grading.scale or Scale.key_points
         graded = stand_ins(Exams(exams, 0, scale, True))
-        estimates = [*first, second, *_judge(settings, given, graded, session)]
+        estimates = [*written, second, *_judge(settings, given, graded, session)]
         for folder, context in CONTROL_RUNS.items() if given.grading.control_runs else ():
             where = given.but(out=given.out / folder, context=context)
             estimates.append(_named(_answers(settings, where, questions, collection), folder))

@@ -15,6 +15,7 @@ from typing import NamedTuple
 from ragexam.analysis.keypoints import merged_key_points, written_key_points
 from ragexam.config import Scale
 from ragexam.errors import ConfigError
+from ragexam.io.cells import SINGLE
 from ragexam.io.csvfile import read_columns
 from ragexam.io.fingerprint import input_hash
 from ragexam.io.runfolder import RunFolder
@@ -37,6 +38,7 @@ class Exam(NamedTuple):
     document: str = ""
     key_points: str | None = None  # the JSON cell; None when the exam has none for it
     context: str | None = None  # retrieved_texts (JSON), read only for --with-context
+    kind: str = SINGLE  # single, multi-hop or unanswerable
 
     @property
     def input_hash(self) -> str:
@@ -117,8 +119,10 @@ def _joined(
         truths = [text if ok else None for text, ok in zip(truths, usable, strict=True)]
     documents = [*qa.get("document", [""] * size), ""]
     marking = [*points, None]
+    kinds = [*(kind or SINGLE for kind in qa.get("kind", [SINGLE] * size)), SINGLE]
     where = dict(zip(qa["qa_id"], range(size), strict=True))
     rows = [where.get(qa_id, size) for qa_id in ids]
     question, truth = map(questions.__getitem__, rows), map(truths.__getitem__, rows)
     document, scheme = map(documents.__getitem__, rows), map(marking.__getitem__, rows)
-    return list(map(Exam, ids, question, truth, replies, document, scheme))
+    contexts, kind = [None] * len(rows), map(kinds.__getitem__, rows)
+    return list(map(Exam, ids, question, truth, replies, document, scheme, contexts, kind))

@@ -1,9 +1,12 @@
-"""The generate stage: one question, its ground-truth answer and its key points per chunk."""
+"""The generate stage: one question, its ground-truth answer and its key points per chunk,
+and the harder questions asked for (harder.py): multi-hop and unanswerable ones, verified."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping
+import json
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator, Mapping
 from itertools import islice
 from typing import Any
 
@@ -14,6 +17,7 @@ from ragexam.analysis.keypoints import FEWEST, MOST, dump
 from ragexam.analysis.sampling import Sampling, assign_splits, check_resume, choose
 from ragexam.config import Settings
 from ragexam.errors import RowError
+from ragexam.io.cells import MULTI_HOP, SINGLE, UNANSWERABLE
 from ragexam.io.csvfile import read_rows
 from ragexam.io.fingerprint import input_hash
 from ragexam.io.runfolder import RunFolder
@@ -21,6 +25,7 @@ from ragexam.llm.client import LLM, Reply
 from ragexam.llm.prompts import Prompt, load_prompt
 from ragexam.options import Given
 from ragexam.stages.flags import Critique, cheap_flags, critic_flags, join_flags, normalise
+from ragexam.stages.harder import harder_for
 from ragexam.stages.runner import RunSettings, Stage, StageResult, Task, execute
 from ragexam.stages.session import Session
 from ragexam.stages.setup import identity, store_ref
@@ -28,20 +33,27 @@ from ragexam.store.chroma import StoreRef, check_doc_key, iter_chunks, open_coll
 
 QA_COLUMNS = (
     "chunk_id",
+    "kind",
+    "chunk_ids",
     "document",
     "question",
     "ground_truth_answer",
     "key_points",
+    "language",
     "truncated",
     "chunk_chars",
     "split",
     "flags",
+    "link",
+    "verification",
+    "calls",
 )
 
 
 class QAPair(BaseModel):
     """What the exam writer must return for one chunk."""
 
+    language: str = Field("", description="The language the chunk is written in, e.g. English.")
     question: str = Field(min_length=1, description="A question that the chunk answers.")
     answer: str = Field(min_length=1, description="The correct, complete answer to it.")
     key_points: list[str] = Field(
@@ -88,7 +100,7 @@ def run_generate(settings: Settings, given: Given, session: Session) -> StageRes
     how = RunSettings(folder.path, settings.concurrency, given.calls.force, settings.redact)
     folder.claim(exam)
     outcome = execute(stage, plan, plan.manifest(settings), how, session)
-    return StageResult(outcome, stage.path)
+    return StageResult(outcome, stage.path, notes=tuple(plan.notes()))
 
 
 def sampling_of(given: Given) -> Sampling:
@@ -115,12 +127,32 @@ class GeneratePlan:
             memory=session.endpoints,
         )
         self.seen: set[str] = set()  # normalised questions written so far, for duplicates
+        self.harder = harder_for(settings, given, collection, session, self.llm)
 
-    def tasks(self, done: set[str]) -> tuple[int, Iterator[Task]]:
-        """The first --limit chunks (of the sample, if any), less those already done."""
+    def tasks(self, done: set[str]) -> tuple[int, AsyncIterator[Task]]:
+        """The first --limit chunks (of the sample, if any), less those already done; then
+        the harder questions' candidates, while more are wanted."""
         path = RunFolder(self.out).qa_dataset
-        if path.exists():  # the runner kept only the ok rows: their questions came earlier
-            self.seen = {normalise(row["question"]) for row in read_rows(path, ["question"])}
+        rows = read_rows(path, ["question"]) if path.exists() else []
+        # The runner kept only the ok rows: their questions came earlier.
+        self.seen = {normalise(row["question"]) for row in rows}
+        kinds = Counter(row.get("kind") or SINGLE for row in rows if row["qa_id"] in done)
+        singles = {row["qa_id"] for row in rows if (row.get("kind") or SINGLE) == SINGLE}
+        left, tasks = self.single_tasks(done & singles if rows else done)
+        wanted = self.harder.start(kinds) if self.harder is not None else 0
+        return left + wanted, self._all(tasks, done)
+
+    async def _all(self, singles: Iterator[Task], done: set[str]) -> AsyncIterator[Task]:
+        """The single questions' tasks, then the harder ones'."""
+        for task in singles:
+            yield task
+        if self.harder is not None:
+            splits = self.harder.splits(self.sampling.split, self.sampling.seed)
+            async for task in self.harder.tasks(done, splits):
+                yield task
+
+    def single_tasks(self, done: set[str]) -> tuple[int, Iterator[Task]]:
+        """The single questions' tasks: the first --limit chunks (of the sample, if any)."""
         if self.sampling.active:
             return self._sampled(done)
         count = self.collection.count()
@@ -151,10 +183,13 @@ class GeneratePlan:
         else:
             chunks = islice(iter_chunks(self.collection, self.doc_key), self.limit)
             tasks = _tasks(chunks, set(), self.max_chunk_chars)
-        return {task.key: task.known["input_hash"] for task in tasks}
+        found = {task.key: task.known["input_hash"] for task in tasks}
+        return found | (self.harder.inputs() if self.harder is not None else {})
 
-    async def work(self, task: Task) -> dict[str, Any]:
-        """Ask for a QAPair about the chunk."""
+    async def work(self, task: Task) -> dict[str, Any] | None:
+        """Ask for a QAPair about the chunk; a harder question is written and verified."""
+        if self.harder is not None and task.known["kind"] != SINGLE:
+            return await self.harder.work(task, self.seen)
         text: str = task.payload
         if not text.strip():  # nothing to ask about: an error row, and no paid call
             raise RowError("the chunk is empty or whitespace only; nothing to ask about")
@@ -171,7 +206,9 @@ class GeneratePlan:
             "question": question,
             "ground_truth_answer": truth,
             "key_points": dump(reply.value.key_points),
+            "language": reply.value.language,
             "flags": join_flags(flags),
+            "calls": 2 if self.critic is not None else 1,
             **cost,
         }
 
@@ -190,24 +227,40 @@ class GeneratePlan:
         """Nothing to check beyond what run_generate did."""
 
     async def aclose(self) -> None:
-        """Close the model's connections and ragexam's client of the store."""
-        await self.llm.aclose()
-        release(self.store)
+        """Close the models' connections and ragexam's client of the store."""
+        try:
+            await self.llm.aclose()
+            if self.harder is not None:
+                await self.harder.aclose()
+        finally:
+            release(self.store)
 
     def figures(self) -> dict[str, Any]:
-        """Calls made, and the structured-output method that was used in the end."""
+        """Calls made, the structured-output method used in the end, and the harder questions'
+        figures (kept, dropped, the verifier's calls and tokens by model)."""
         return {
             "calls": self.llm.calls,
             "structured_output": self.llm.method.value,
             "tokens_billed": {"prompt": self.llm.tokens[0], "completion": self.llm.tokens[1]},
+            **(self.harder.figures() if self.harder is not None else {}),
         }
+
+    def notes(self) -> list[str]:
+        """What to tell of the harder questions: kept of asked, dropped and why."""
+        return self.harder.notes() if self.harder is not None else []
+
+    def harder_asked(self, kind: str) -> int | None:
+        """How many questions of a harder kind this run was asked for."""
+        item = self.harder.asked.get(kind) if self.harder is not None else None
+        return item.asked if item is not None else None
 
     def manifest(self, settings: Settings) -> dict[str, Any]:
         """What the questions depend on."""
         return {
             "model": self.llm.model,
             "prompt": {"generate": self.prompt.hash}
-            | ({"critic": self.critic.hash} if self.critic else {}),
+            | ({"critic": self.critic.hash} if self.critic else {})
+            | (self.harder.prompt_hashes() if self.harder else {}),
             "store": self.store.describe(),
             "collection": self.collection.name,
             "settings": settings.public(),
@@ -217,6 +270,8 @@ class GeneratePlan:
                 "max_chunk_chars": self.max_chunk_chars,
                 "sampling": self.sampling.record(),
                 "check": self.critic is not None,
+                "multi_hop": self.harder_asked(MULTI_HOP),
+                "unanswerable": self.harder_asked(UNANSWERABLE),
             },
         }
 
@@ -231,6 +286,8 @@ def _tasks(
         text = chunk.text[:max_chars]
         known = {
             "chunk_id": chunk.id,
+            "kind": SINGLE,
+            "chunk_ids": json.dumps([chunk.id], ensure_ascii=False),
             "document": chunk.document,
             "truncated": len(chunk.text) > max_chars,
             "chunk_chars": len(chunk.text),

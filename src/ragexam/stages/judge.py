@@ -23,6 +23,7 @@ from ragexam.analysis.controls import (
 )
 from ragexam.config import Scale, Settings, StructuredMethod
 from ragexam.errors import LLMError, RowError
+from ragexam.io.cells import SINGLE, UNANSWERABLE
 from ragexam.io.manifest import read_manifest
 from ragexam.io.runfolder import RunFolder
 from ragexam.llm.client import LLM
@@ -76,12 +77,17 @@ def run_judge(settings: Settings, given: Given, session: Session, exams: Exams) 
 
 
 def sources_of(exams: list[Exam]) -> list[Source]:
-    """The questions controls can be built from: those with a question and ground truth."""
-    return [
-        Source(exam.qa_id, exam.document, exam.question, exam.ground_truth, exam.key_points)
-        for exam in exams
-        if exam.question is not None and exam.ground_truth is not None
+    """The questions controls can be built from: those with a question and ground truth, and
+    single ones (else multi-hop ones). To an unanswerable question "I don't know" is the right
+    answer, not a control's wrong one; and a multi-hop question's ground truth holds facts of
+    another document, so it is no wrong answer there."""
+    graded = [
+        (Source(e.qa_id, e.document, e.question, e.ground_truth, e.key_points), e.kind)
+        for e in exams
+        if e.question is not None and e.ground_truth is not None
     ]
+    single = [source for source, kind in graded if kind == SINGLE]
+    return single or [source for source, kind in graded if kind != UNANSWERABLE]
 
 
 def run_controls(settings: Settings, given: Given, session: Session, exams: Exams) -> StageResult:

@@ -82,6 +82,7 @@ class Outcome:
 
     done_before: int = 0
     redone: int = 0  # rows that were ok, but made from an input that has changed since
+    dropped: int = 0  # tasks that wrote no row: harder questions their verification dropped
     quarantined: int = 0  # unreadable rows moved to FILE.bad-rows
     ok: int = 0
     errors: int = 0
@@ -100,6 +101,7 @@ class Outcome:
             "rows_done_before": self.done_before,
             "rows_redone": self.redone,
             "rows_quarantined": self.quarantined,
+            "rows_dropped": self.dropped,
             "seconds": round(self.seconds, 3),
             "rows_per_second": round(rows / self.seconds, 2) if self.seconds else None,
             "prompt_tokens": self.prompt_tokens,
@@ -114,9 +116,11 @@ class StageResult:
     outcome: Outcome
     path: Path
     skipped: int = 0
+    notes: tuple[str, ...] = ()  # what else to tell of it (the harder questions kept)
 
 
-Work = Callable[[Task], Awaitable[dict[str, Any]]]
+# A row's values; None: the task writes no row (a harder question dropped by its verification)
+Work = Callable[[Task], Awaitable[dict[str, Any] | None]]
 
 
 class Progress(Protocol):
@@ -215,12 +219,18 @@ class Runner:
                 task = await anext(source, None)
             if task is None:
                 return
-            self._record(task, await self._attempt(task, work))
+            values = await self._attempt(task, work)
+            if values is None:
+                self.outcome.dropped += 1
+            else:
+                self._record(task, values)
             self._started.add(task.key)  # after the write: Ctrl-C mid-call keeps the old row
 
-    async def _attempt(self, task: Task, work: Work) -> dict[str, Any]:
+    async def _attempt(self, task: Task, work: Work) -> dict[str, Any] | None:
         try:
             values = await work(task)
+            if values is None:
+                return None
         except EndpointError:
             raise  # every row would fail the same way: stop the stage
         except AuthError as exc:
@@ -281,8 +291,8 @@ class Plan(Protocol):
         """The input hash of every row this run wants, by key."""
         ...
 
-    async def work(self, task: Task) -> dict[str, Any]:
-        """Do one row; raise a RagexamError to make it an error row."""
+    async def work(self, task: Task) -> dict[str, Any] | None:
+        """Do one row; raise a RagexamError to make it an error row (None: no row)."""
         ...
 
     async def preflight(self) -> None:

@@ -18,6 +18,7 @@ UNKNOWN_DOCUMENT = "(unknown)"
 # A Chroma server's own defaults (chromadb.config's, named here so that naming them loads nothing)
 DEFAULT_TENANT, DEFAULT_DATABASE = "default_tenant", "default_database"
 PAGE_SIZE = 1000
+NEAREST = 10  # neighbours looked at for one of another document
 
 
 @dataclass(frozen=True)
@@ -282,3 +283,36 @@ def get_chunks(collection: Any, ids: list[str]) -> dict[str, str]:
     unique = list(dict.fromkeys(ids))  # Chroma rejects a repeated id
     found = collection.get(ids=unique, include=["documents"])
     return dict(zip(found["ids"], [text or "" for text in found["documents"] or []], strict=True))
+
+
+def nearest_elsewhere(
+    collection: Any, ids: list[str], doc_key: str | None, among: int = NEAREST
+) -> dict[str, str]:
+    """For each chunk, the nearest chunk of another document by the store's own vectors (among
+    its `among` nearest; a chunk without one is left out). One get and one query call."""
+    if not ids:
+        return {}
+    stored = collection.get(ids=ids, include=["embeddings", "metadatas"])
+    vectors = stored.get("embeddings")
+    if vectors is None or not len(vectors):
+        return {}
+    metadatas = stored["metadatas"] or [None] * len(stored["ids"])
+    own = {i: document_of(m, doc_key) for i, m in zip(stored["ids"], metadatas, strict=True)}
+    found = collection.query(
+        query_embeddings=[list(map(float, vector)) for vector in vectors],
+        n_results=min(among + 1, collection.count()),
+        include=["metadatas"],
+    )
+    partners = {}
+    for chunk_id, near, metadatas in zip(
+        stored["ids"], found["ids"], found["metadatas"] or [], strict=True
+    ):
+        other = (
+            n
+            for n, m in zip(near, metadatas, strict=True)
+            if document_of(m, doc_key) != own[chunk_id]
+        )
+        partner = next(other, None)
+        if partner is not None:
+            partners[chunk_id] = partner
+    return partners

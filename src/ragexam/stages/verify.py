@@ -1,0 +1,169 @@
+"""Verifying harder questions with the answerer and the judge's verdicts on key points.
+
+A multi-hop question is kept when the answerer, given both its chunks, states every key point
+(none absent), and given either chunk alone leaves at least one out (absent): it needs both.
+An unanswerable question is kept when the answerer, given the store's nearest chunks to it,
+declines: its key point, that the documentation does not say, is present. The checks stop at
+the first that fails; each is an answer call (the answer prompt) and a judge call: the judge
+that grades by key points (marking.KeyPointGrader, one re-ask when its verdicts do not fit),
+recorded with its verdicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from langchain_core.messages import BaseMessage
+
+from ragexam.analysis.keypoints import dump
+from ragexam.config import Settings
+from ragexam.llm.client import LLM, Reply
+from ragexam.llm.prompts import Prompt, context_block, load_prompt
+from ragexam.rag.retrieval import Retriever
+from ragexam.stages.exams import Exam
+from ragexam.stages.marking import KeyPointGrader
+from ragexam.stages.session import Session
+
+PRESENT, ABSENT = "present", "absent"
+NEAREST = 5  # chunks an unanswerable question's answerer is given, as answer's default k
+
+
+class Written(Protocol):
+    """A harder question as its writer wrote it."""
+
+    question: str
+    answer: str
+    key_points: list[str]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check: the context the answerer was given, its answer and the judge's verdicts."""
+
+    context: str  # both, first, second, nearest
+    answer: str
+    verdicts: tuple[str, ...]
+    statements: tuple[str, ...]
+    chunks: tuple[str, ...] = ()  # the nearest chunks' ids, for an unanswerable question
+
+    def record(self) -> dict[str, Any]:
+        """What the row's `verification` keeps of it."""
+        found = {"context": self.context, "key_points": list(self.verdicts)}
+        found["statements"] = list(self.statements)
+        return found | ({"chunks": list(self.chunks)} if self.chunks else {})
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Kept or dropped, why, and the checks that decided it."""
+
+    kept: bool
+    reason: str
+    checks: tuple[Check, ...]
+
+
+@dataclass
+class Tally:
+    """What one row's calls cost: calls, and tokens in and out."""
+
+    calls: int = 0
+    tokens: list[int] = field(default_factory=lambda: [0, 0])
+
+    def add(self, *replies: Reply[Any]) -> None:
+        """Count successful calls."""
+        for reply in replies:
+            self.calls += 1
+            self.tokens[0] += reply.prompt_tokens
+            self.tokens[1] += reply.completion_tokens
+
+
+class Verifier:
+    """The answerer (the answer prompt and model) and the judge (by key points)."""
+
+    def __init__(self, settings: Settings, session: Session, retriever: Retriever | None) -> None:
+        memory = session.endpoints
+        self.answer_prompt: Prompt = load_prompt("answer", settings.prompts_dir)
+        self.grader = KeyPointGrader(settings.prompts_dir, with_context=False)
+        bound = settings.max_tokens_for("answer")
+        self.answerer = LLM(settings, settings.model_for("answer"), max_tokens=bound, memory=memory)
+        bound = settings.max_tokens_for("judge")
+        judge = settings.model_for("judge")
+        self.judge = LLM(settings, judge, temperature=0, max_tokens=bound, memory=memory)
+        self.retriever = retriever
+
+    async def pair(self, written: Written, texts: tuple[str, str], tally: Tally) -> Verdict:
+        """Kept when both chunks answer it and neither alone does."""
+        checks = [await self.check("both", written, list(texts), tally)]
+        if ABSENT in checks[0].verdicts:
+            return Verdict(False, "not answerable from both chunks", tuple(checks))
+        for name, text in zip(("first", "second"), texts, strict=True):
+            checks.append(await self.check(name, written, [text], tally))
+            if ABSENT not in checks[-1].verdicts:
+                return Verdict(False, f"answerable from the {name} chunk alone", tuple(checks))
+        return Verdict(True, "", tuple(checks))
+
+    async def unanswerable(self, written: Written, tally: Tally) -> Verdict:
+        """Kept when the answerer, given the nearest chunks, declines."""
+        assert self.retriever is not None
+        hits = (await self.retriever.retrieve([written.question]))[0]
+        texts = [hit.text or "" for hit in hits]
+        check = await self.check("nearest", written, texts, tally)
+        check = Check(check.context, check.answer, check.verdicts, check.statements, _ids(hits))
+        if all(verdict == PRESENT for verdict in check.verdicts):
+            return Verdict(True, "", (check,))
+        return Verdict(False, "answered from the nearest chunks", (check,))
+
+    async def check(self, context: str, written: Written, texts: list[str], tally: Tally) -> Check:
+        """The answerer given `texts`, and the judge's verdicts on its answer."""
+        values = self.answer_prompt.fill(question=written.question, context=context_block(texts))
+        answer = await self.answerer.text(self.answer_prompt.template.format_messages(**values))
+        tally.add(answer)
+        marked = await self.grader.sample(self.judge, self.exam(written, answer.value))
+        tally.add(*marked.replies)
+        verdicts = tuple(mark.verdict for mark in marked.marks.key_points)
+        statements = tuple(mark.verdict for mark in marked.marks.answer_statements)
+        return Check(context, answer.value, verdicts, statements)
+
+    @staticmethod
+    def exam(written: Written, answer: str) -> Exam:
+        """What the judge is shown: the question, its ground truth, key points and the answer."""
+        points = dump(written.key_points)
+        return Exam("", written.question, written.answer, answer, key_points=points)
+
+    def prompts(self, written: Written, texts: list[str], answer: str) -> list[list[BaseMessage]]:
+        """A check's two prompts, the answerer's and the judge's (for the dry run)."""
+        values = self.answer_prompt.fill(question=written.question, context=context_block(texts))
+        asked = self.answer_prompt.template.format_messages(**values)
+        return [asked, self.grader.messages(self.exam(written, answer))]
+
+    def fingerprint(self) -> tuple[str, ...]:
+        """What a verdict depends on beside the question: the prompts and models."""
+        prompts = (self.answer_prompt.hash, self.grader.prompt.hash)
+        return (*prompts, self.answerer.model, self.judge.model)
+
+    def prompt_hashes(self) -> dict[str, str]:
+        """The prompts of the checks, by name."""
+        return {prompt.name: prompt.hash for prompt in (self.answer_prompt, self.grader.prompt)}
+
+    def figures(self) -> dict[str, Any]:
+        """Each model's calls and tokens, for the manifest and the price."""
+        return {
+            role: {"model": llm.model, "calls": llm.calls, "tokens_billed": _billed(llm)}
+            for role, llm in (("answer", self.answerer), ("judge", self.judge))
+        }
+
+    async def aclose(self) -> None:
+        """Close both models' connections and the embedder's."""
+        await self.answerer.aclose()
+        await self.judge.aclose()
+        if self.retriever is not None:
+            await self.retriever.embedder.aclose()
+
+
+def _billed(llm: LLM) -> dict[str, int]:
+    return {"prompt": llm.tokens[0], "completion": llm.tokens[1]}
+
+
+def _ids(hits: list[Any]) -> tuple[str, ...]:
+    return tuple(str(hit.id) for hit in hits)

@@ -1,0 +1,183 @@
+"""Kinds of question in stats, the report and compare: single, multi-hop and unanswerable
+apart, and together in the ALL row; unanswerable questions out of the retrieval means."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support import run_cli, write_dict_rows
+
+from ragexam.io.csvfile import read_rows
+
+SAYS_NOTHING = [{"statement": "The documents do not say.", "verdict": "supported"}]
+MADE_UP = [{"statement": "It takes 5 days.", "verdict": "unsupported"}]
+# qa_id: (document, kind, chunk_ids, target_ranks, completeness, conciseness, verdicts, statements)
+QUESTIONS = {
+    "s1": ("d1", "single", ["a"], [1], 1.0, 0.5, None, None),
+    "s2": ("d1", "single", ["b"], [None], 0.0, 0.0, None, None),
+    "m1": ("d1", "multi-hop", ["c", "d"], [2, None], 0.5, 1.0, None, None),
+    "m2": ("d1", "multi-hop", ["e", "f"], [1, 3], 1.0, 1.0, None, None),
+    "u1": ("d1", "unanswerable", [], [], 1.0, 1.0, ["present"], SAYS_NOTHING),
+    "u2": ("d1", "unanswerable", [], [], 0.0, 0.0, ["absent"], MADE_UP),
+    # No verdicts (a judge that grades by scores): completeness 0.6 declined, conciseness 0.4
+    # says more than the decline.
+    "u3": ("d2", "unanswerable", [], [], 0.6, 0.4, None, None),
+}
+
+
+def write_run(folder: Path, changed: dict[str, float] | None = None) -> Path:
+    """The run of QUESTIONS, with some completeness changed."""
+    qa, answers, judgments = [], [], []
+    for qa_id, (
+        document,
+        kind,
+        chunks,
+        ranks,
+        complete,
+        concise,
+        verdicts,
+        said,
+    ) in QUESTIONS.items():
+        qa.append(
+            {
+                "qa_id": qa_id,
+                "chunk_id": chunks[0] if chunks else "",
+                "kind": kind,
+                "chunk_ids": json.dumps(chunks),
+                "document": document,
+                "question": f"Q {qa_id}?",
+                "ground_truth_answer": "T",
+                "status": "ok",
+                "error": "",
+            }
+        )
+        found = [rank for rank in ranks if rank is not None]
+        retrieved = json.dumps([f"x{i}" for i in range(5)])
+        answers.append(
+            {
+                "qa_id": qa_id,
+                "answer": "A",
+                "retrieved_ids": retrieved,
+                "target_rank": min(found, default=""),
+                "target_ranks": json.dumps(ranks),
+                "status": "ok",
+                "error": "",
+            }
+        )
+        judgments.append(
+            {
+                "qa_id": qa_id,
+                "completeness": (changed or {}).get(qa_id, complete),
+                "conciseness": concise,
+                "key_point_verdicts": json.dumps(verdicts) if verdicts else "",
+                "answer_statements": json.dumps(said) if said is not None else "",
+                "status": "ok",
+                "error": "",
+            }
+        )
+    write_dict_rows(folder / "qa_dataset.csv", qa)
+    write_dict_rows(folder / "answers.csv", answers)
+    write_dict_rows(folder / "judgments.csv", judgments)
+    return folder
+
+
+def test_stats_shows_each_kind_apart_and_all_together(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run")
+    result = run_cli("stats", "--out", str(run), "--k", "5")
+    assert result.exit_code == 0, result.output
+    (overall,) = read_rows(run / "summary.csv", ["document"])
+    figures = {name: float(value) for name, value in overall.items() if _number(value)}
+    # Retrieval over s1, s2, m1 and m2 only. Hit: 1, 0, 1, 1. RR: 1, 0, 1/2, 1. Recall: 1, 0,
+    # 1/2, 1. All found: 1, 0, 0, 1. AP: 1, 0, (1/2)/2, (1/1 + 2/3)/2. P@5: 1, 0, 1, 2 fifths.
+    expected = {
+        "questions": 7,
+        "hit_rate": 0.75,
+        "mrr": 2.5 / 4,
+        "recall": 2.5 / 4,
+        "all_found": 0.5,
+        "map": (1 + 0.25 + 5 / 6) / 4,
+        "precision": (1 + 0 + 1 + 2) / 5 / 4,
+        "missed": 1,
+        "completeness_mean": 4.1 / 7,  # every kind is graded
+        "questions_single": 2,
+        "questions_multi_hop": 2,
+        "questions_unanswerable": 3,
+        "hit_rate_single": 0.5,
+        "hit_rate_multi_hop": 1.0,
+        "mrr_multi_hop": 0.75,
+        "recall_multi_hop": 0.75,
+        "all_found_multi_hop": 0.5,
+        "completeness_mean_unanswerable": 1.6 / 3,
+        "declined_unanswerable": 2 / 3,  # u1 by its verdict, u3 by its completeness
+        "made_up_unanswerable": 2 / 3,  # u2 by its verdict, u3 by its conciseness
+    }
+    for name, value in expected.items():
+        assert figures[name] == pytest.approx(value, abs=1e-12), name
+    assert "hit_rate_unanswerable" not in overall
+    by_kind = {row["kind"]: row for row in read_rows(run / "summary_by_kind.csv", ["kind"])}
+    assert list(by_kind) == ["single", "multi-hop", "unanswerable", "ALL"]
+    assert float(by_kind["multi-hop"]["recall"]) == pytest.approx(0.75)
+    assert float(by_kind["unanswerable"]["declined"]) == pytest.approx(2 / 3)
+    assert by_kind["unanswerable"]["hit_rate"] == ""  # no retrieval figure
+    assert float(by_kind["ALL"]["hit_rate"]) == 0.75 and by_kind["ALL"]["questions"] == "7"
+    assert float(by_kind["ALL"]["made_up"]) == pytest.approx(2 / 3)
+    documents = {row["document"]: row for row in read_rows(run / "summary_by_document.csv", [])}
+    assert documents["d2"]["hit_rate"] == ""  # only an unanswerable question: nothing retrieved
+    assert float(documents["d2"]["declined_unanswerable"]) == 1.0
+    assert "By kind of question" in result.output
+    report = (run / "report.html").read_text(encoding="utf-8")
+    assert "Questions by kind" in report and "<b>multi-hop</b>" in report
+
+
+def test_an_exam_of_single_questions_has_no_kind_figures(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run")
+    assert run_cli("stats", "--out", str(run)).exit_code == 0
+    rows = [row for row in read_rows(run / "qa_dataset.csv", []) if row["kind"] == "single"]
+    write_dict_rows(run / "qa_dataset.csv", rows)
+    result = run_cli("stats", "--out", str(run))
+    assert result.exit_code == 0, result.output
+    (overall,) = read_rows(run / "summary.csv", ["document"])
+    assert "questions_single" not in overall and float(overall["hit_rate"]) == 0.5
+    assert not (run / "summary_by_kind.csv").exists()  # the earlier one is gone: it was stale
+    assert "Questions by kind" not in (run / "report.html").read_text(encoding="utf-8")
+
+
+def test_a_multi_hop_answer_needs_a_rank_for_each_chunk(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "run")
+    answers = read_rows(run / "answers.csv", [])
+    for row in answers:
+        if row["qa_id"] == "m2":
+            row["target_ranks"] = "[1]"
+    write_dict_rows(run / "answers.csv", answers)
+    result = run_cli("stats", "--out", str(run))
+    assert result.exit_code == 2
+    assert "'m2' needs target_ranks: a JSON array of a rank or null for each" in result.output
+
+
+def test_compare_shows_each_kind_apart(tmp_path: Path) -> None:
+    run_a = write_run(tmp_path / "a")
+    run_b = write_run(tmp_path / "b", {"m1": 1.0, "m2": 1.0, "u2": 1.0})
+    result = run_cli("compare", str(run_a), str(run_b))
+    assert result.exit_code == 0, result.output
+    rows = {
+        (row["document"], row["kind"], row["metric"]): row
+        for row in read_rows(run_b / "comparison.csv", [])
+    }
+    assert float(rows["ALL", "all", "completeness"]["diff"]) == pytest.approx(1.5 / 7)
+    assert float(rows["ALL", "multi-hop", "completeness"]["diff"]) == pytest.approx(0.25)
+    assert float(rows["ALL", "unanswerable", "completeness"]["diff"]) == pytest.approx(1 / 3)
+    assert float(rows["ALL", "single", "completeness"]["diff"]) == 0.0
+    assert rows["ALL", "multi-hop", "hit"]["n"] == "2"
+    assert ("ALL", "unanswerable", "hit") not in rows  # no retrieval to compare
+    assert rows["d1", "all", "hit"]["n"] == "4"
+    assert result.output.count("ALL ·") == 5 + 5 + 2  # the metrics of each kind
+
+
+def _number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
