@@ -367,3 +367,10 @@ def _lines(path: Path) -> int:
         return path.read_bytes().count(b"\n")
     except FileNotFoundError:
         return 0
+
+
+def open_page(browser: Any, width: int, height: int) -> Any:
+    """A new page of this size, in the `browser` fixture's Chromium."""
+    page = browser.new_page()
+    page.set_viewport_size({"width": width, "height": height})
+    return page

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ragexam.stages.dryrun import Estimate
     from ragexam.stages.runner import Progress, StageResult
 
+WIDE = 160  # columns of a table printed to a log, where no terminal sets the width
 # What a stage's summary adds when it skipped rows that failed upstream.
 SKIPPED = {
     "answer": "{} questions skipped: they are errors in the qa dataset",
@@ -83,6 +84,7 @@ class Printer(Observer):
     def stats(self, result: StatsResult) -> None:
         """The worst documents as a table on stdout, then what qualifies them."""
         from ragexam.report.controlcharts import control_line
+        from ragexam.report.headline import headline
         from ragexam.report.terminal import terminal_table
 
         self.say_notes()
@@ -90,6 +92,7 @@ class Printer(Observer):
         Console().print(terminal_table(result))
         if line := control_line(result.overall):
             say(line)
+        say(headline(result), wrap=True)
         if result.controls is not None:
             say(result.controls.message())
         if result.stale:
