@@ -742,6 +742,11 @@ def _word_slot(word: str, dim: int) -> tuple[int, float]:
     return number % dim, 1.0 if number >> 63 else -1.0
 
 
+def hashed_embedding(text: str, dim: int = 64) -> list[float]:
+    """The vector this server embeds `text` as by default: stores built with it match."""
+    return _hashed_embedding(text, dim=dim)
+
+
 def _hashed_embedding(text: str, *, dim: int) -> list[float]:
     """Signed hashed bag of words, L2-normalised: shared words mean higher cosine similarity."""
     vector = [0.0] * dim

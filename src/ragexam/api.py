@@ -91,6 +91,7 @@ def command(spec: Spec, body: Body) -> Callable[..., Result]:
             raise TypeError(f"{spec.name}() takes {len(spec.positional)} positional arguments")
         given = spec.resolve({**dict(zip(spec.positional, args, strict=False)), **options})
         with session_for(session) as shared:
+            shared.endpoints.recall(given.out)  # rate limits an earlier command learned here
             return _in_own_loop(lambda: body(given, shared))
 
     public.__name__ = public.__qualname__ = spec.name
@@ -263,6 +264,11 @@ def _compare(given: Given, session: Session) -> Result:
     runs = given.comparing
     result = run_compare(runs.run_a, runs.run_b, runs.out or runs.run_b, runs.seed)
     session.observer.compared(result)
+    if runs.fail_on_regression and result.different:
+        raise ConfigError(
+            f"--fail-on-regression: {result.different} paired questions differ between the "
+            "runs' exams; a regression can only be measured on one exam (run --qa-dataset)"
+        )
     if runs.fail_on_regression:
         check_regressions(result.table)
     return Result({"comparison": result.path}, {"warnings": list(result.warnings)}, result)
@@ -298,6 +304,9 @@ def _run(given: Given, session: Session) -> Result:
     session.in_run = True
     results: dict[str, Result] = {}
     if given.inputs.qa_dataset is None:
+        from ragexam.stages.answer import check_inputs
+
+        check_inputs(settings_for(given, "answer"), given, session)  # before generate pays
         results["generate"] = _generate(given, session)
     results["answer"] = _answer(given, session)
     results["judge"] = _judge(given, session)

@@ -2,6 +2,8 @@
 
     RagexamError              caught once by the CLI: "Error: <message>", exit 2
     ├── ConfigError           a setting is missing or invalid (API key, option values)
+    │   ├── RagShapeError     the user's RAG returns what cannot be read or matched
+    │   └── LocalClientError  the HTTP client failed inside ragexam, not at the endpoint
     ├── StoreError            the Chroma store or collection cannot be read as asked
     ├── InputFileError        an input CSV is missing, unreadable or lacks columns
     ├── OutputFileError       an existing output cannot be resumed safely, or written
@@ -30,10 +32,23 @@ class RagexamError(Exception):
     """Base class: an expected failure with a message that says what to do next."""
 
     exit_code = 2  # bad input or usage, unless a subclass says otherwise
+    stops_stage = False  # met in one row, it would be met in every row: stop the stage
 
 
 class ConfigError(RagexamError):
     """A setting is missing or invalid."""
+
+
+class RagShapeError(ConfigError):
+    """The user's RAG returns what ragexam cannot read or match: every row would miss."""
+
+    stops_stage = True
+
+
+class LocalClientError(ConfigError):
+    """The HTTP client failed inside ragexam (its packages disagree), not at the endpoint."""
+
+    stops_stage = True
 
 
 class StoreError(RagexamError):
@@ -109,6 +124,7 @@ class EndpointError(RagexamError):
     """An endpoint cannot be reached, or refuses the call that every row needs."""
 
     exit_code = 4
+    stops_stage = True
 
 
 class GateFailed(RagexamError):

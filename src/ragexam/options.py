@@ -10,7 +10,7 @@ a `Given`, the plain values every layer below reads.
     ├── Folder   --out --seed
     ├── Store    --chroma --chroma-url --collection --chroma-tenant --chroma-database ...
     ├── Calls    --model --concurrency --limit --max-error-rate --rpm --tpm --force ...
-    ├── Exam     --doc-key --sample --per-document --validation --check
+    ├── Exam     --doc-key --sample --per-document --validation --check --exam-temperature
     ├── Answering --k --embedding --rag --rag-timeout --context --texts
     ├── Inputs   --qa-dataset --answers
     ├── Grading  --samples --temperature --scale --controls --control-runs
@@ -124,6 +124,9 @@ class Exam:
         None, "Share of each document's questions in the validation split.", min=0, max=1
     )
     check: bool = option(False, "One critic call per row: flag bad questions.")
+    exam_temperature: float = option(
+        0.0, "Temperature of the exam writer: 0 writes the same exam again.", min=0, max=2
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

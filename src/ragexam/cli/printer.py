@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -62,8 +63,15 @@ class Printer(Observer):
         """The stage's summary line and its cost."""
         self.say_notes()
         skipped = SKIPPED.get(stage, "").format(result.skipped) if result.skipped else None
+        outcome = result.outcome
+        if not (outcome.ok or outcome.errors or outcome.quarantined or skipped):
+            done = f"{outcome.done_before} rows done before"
+            say(f"{stage.replace('_', ' ')}: nothing to do ({done}) -> {result.path}", wrap=True)
+            return
         summary_line(stage.replace("_", " "), result, skipped)
-        if price is None:
+        if not (outcome.prompt_tokens or outcome.completion_tokens):
+            say("  cost: $0: no tokens were billed to ragexam's calls")
+        elif price is None:
             say("  cost: unknown: set RAGEXAM_PRICE_INPUT and RAGEXAM_PRICE_OUTPUT (USD/1M tokens)")
         else:
             say(f"  cost: {cost_text(cost)} ({price.short()})")
@@ -109,7 +117,8 @@ class Printer(Observer):
         Starting.clear()
         for warning in result.warnings:
             say(f"Warning: {warning}")
-        Console().print(comparison_table(result))
+        wide = None if sys.stdout.isatty() else WIDE  # a log cuts nothing: no terminal to fit
+        Console(width=wide).print(comparison_table(result))
         say(f"comparison: {result.path}")
 
     def calibrated(self, result: Calibration) -> None:

@@ -28,8 +28,16 @@ from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
 
 from ragexam.config import Settings, StructuredMethod, SystemRole
-from ragexam.errors import AuthError, LLMError, OutputError
-from ragexam.llm.endpoint import EndpointMemory, ModelCheck, Reachability, ReplyBound, root_cause
+from ragexam.errors import AuthError, LLMError, LocalClientError, OutputError
+from ragexam.llm.endpoint import (
+    EndpointMemory,
+    ModelCheck,
+    Reachability,
+    ReplyBound,
+    endpoint_key,
+    local_failure,
+    root_cause,
+)
 from ragexam.llm.pacing import Pacer, estimate_tokens
 from ragexam.llm.prompts import system_as_user
 from ragexam.llm.replies import InvalidReply, NoAnswer, check_reply
@@ -43,7 +51,7 @@ from ragexam.llm.structured import (
     reask,
     with_schema,
 )
-from ragexam.llm.transport import async_http_client
+from ragexam.llm.transport import async_http_client, client_kind
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
@@ -125,6 +133,7 @@ class LLM:
             # loop, and would break the next stage's asyncio.run in the same process.
             http_async_client=async_http_client(event_hooks={"response": [check_reply]}),
         )
+        self.http = client_kind(self.chat.http_async_client)
         self.bound = ReplyBound(settings.openai_base_url, self.max_tokens)
         self.chat.extra_body = self.bound.body()
         self.choice = MethodChoice(settings.structured_output)
@@ -133,7 +142,10 @@ class LLM:
         self.max_retries = settings.max_retries
         self.backoff = settings.retry_backoff
         self.redact = settings.redact
-        self.pacer = Pacer(settings.concurrency, settings.rpm, settings.tpm)
+        self.memory = memory or EndpointMemory()
+        self.key = endpoint_key(model, settings.openai_base_url)
+        known = self.memory.rate(self.key)
+        self.pacer = Pacer(settings.concurrency, settings.rpm, settings.tpm, known)
         self.rate_limit_wait = settings.rate_limit_wait
         self.reachability = Reachability(settings.openai_base_url, self.redact)
         self.tokens = [0, 0]  # prompt and completion tokens of every call, failed ones too
@@ -145,7 +157,9 @@ class LLM:
         return self.pacer.traffic.calls
 
     async def aclose(self) -> None:
-        """Close the HTTP connections of this model."""
+        """Keep what was learned of the endpoint's rate; close the model's connections."""
+        learned = self.pacer.learned
+        self.memory.learned(self.key, learned.rate, learned.span)
         client = self.chat.http_async_client
         if client is not None:
             await client.aclose()
@@ -252,6 +266,9 @@ class LLM:
 
     def _after_failure(self, exc: Exception, row: _Row, limited: bool) -> float:
         """Book one failed attempt; the wait before the next, or raise when the row is done."""
+        local = local_failure(exc)
+        if local is not None:
+            raise LocalClientError(self.redact(local))  # every call would fail alike
         self._count(row.tokens, getattr(exc, "raw_message", None))
         row.raw = getattr(exc, "raw", None) or row.raw
         self.reachability.failed(exc)
@@ -297,7 +314,10 @@ class LLM:
         """What one failed attempt means: its reason and the wait before the next, or raise."""
         reason = self.redact(describe(exc))
         if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
-            raise AuthError(f"the endpoint refused the API key: {reason}") from None
+            raise AuthError(
+                f"the endpoint refused the API key: {reason}; check OPENAI_API_KEY (and "
+                "OPENAI_BASE_URL: the key must be one this endpoint issued)"
+            ) from None
         if isinstance(exc, NoAnswer):  # asking again would pay for the same refusal
             raise LLMError(reason, attempts=attempt, tokens=(tokens[0], tokens[1])) from None
         if isinstance(exc, openai.RateLimitError):  # a 429 that means "no": out of quota

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ragexam.config import AnswerContext
-from ragexam.io.fingerprint import input_hash
+from ragexam.io.fingerprint import input_hash, text_hash
 from ragexam.store.chroma import StoreRef, get_chunks, release
 
 
@@ -28,12 +28,17 @@ class Hit:
     text: str | None
 
 
-def rank_of(source_id: str, source_text: str | None, hits: Sequence[Hit]) -> int | None:
-    """1-based rank of the source chunk among hits: same id, or identical text; else None."""
+def rank_of(
+    source_id: str, source_text: str | None, hits: Sequence[Hit], source_hash: str = ""
+) -> int | None:
+    """1-based rank of the source chunk among hits: same id, or identical text (the store's, or
+    the exam's `chunk_hash` of it); else None."""
     for rank, hit in enumerate(hits, start=1):
         if hit.id is not None and hit.id == source_id:
             return rank
-        if source_text is not None and hit.text is not None and hit.text == source_text:
+        if hit.text is None:
+            continue
+        if hit.text == source_text or (source_hash and text_hash(hit.text) == source_hash):
             return rank
     return None
 
@@ -46,6 +51,7 @@ class Question:
     chunk_id: str
     text: str
     ground_truth: str = ""
+    chunk_hash: str = ""  # of the source chunk's text, when the exam records it
 
     @property
     def input_hash(self) -> str:

@@ -57,10 +57,12 @@ class BuiltinRag(RagSystem):
         return [(q, sources.get(q.chunk_id), h) for q, h in zip(batch, hits, strict=True)]
 
     async def preflight(self, first: list[Question]) -> None:
-        """Retrieve the first batch: the embedding works, and its dimension fits the collection.
+        """Check that queries are embedded as the store's chunks were, then retrieve the first
+        batch: the embedding works, and its dimension fits the collection.
 
         Its hits are kept for the run, so checking costs no extra round trip.
         """
+        await self.retriever.check_agreement()
         if first:
             self.ready[first[0].qa_id] = await self.retriever.retrieve([q.text for q in first])
 
@@ -76,7 +78,7 @@ class BuiltinRag(RagSystem):
             context=context_block([(hit.text or "")[: self.max_chars] for hit in hits]),
         )
         reply = await self.llm.text(self.prompt.template.format_messages(**values))
-        rank = rank_of(question.chunk_id, source_text, hits)
+        rank = rank_of(question.chunk_id, source_text, hits, question.chunk_hash)
         return {**self.row(reply.value, hits, rank, source_text), **reply.cost()}
 
     def describe(self) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from ragexam.config import Settings
 from ragexam.errors import ConfigError, EndpointError, StoreError
 from ragexam.llm.client import describe
 from ragexam.rag.keys import check_key_destination
+from ragexam.store.provenance import NAMES_DEFAULT_FUNCTION, built_by
 from ragexam.urls import mask_url
 
 
@@ -42,11 +43,20 @@ class CollectionEmbedder:
 
     def __init__(self, collection: Any, settings: Settings, trust: bool = False) -> None:
         function = collection.configuration.get("embedding_function")
+        tool = built_by(collection)
         if function is None:
+            why = "as LangChain stores have none" if tool == "LangChain" else "it was made "
+            why += "" if tool == "LangChain" else "with embedding_function=None"
             raise ConfigError(
                 f"collection {collection.name!r} has no embedding function stored with it "
-                "(stores built with LangChain have none): pass --embedding openai:MODEL with "
-                "the model the store was built with, or set RAGEXAM_EMBEDDING"
+                f"({why}): pass --embedding openai:MODEL with the model the store was built "
+                "with, or set RAGEXAM_EMBEDDING"
+            )
+        if tool in NAMES_DEFAULT_FUNCTION and _function_name(function) == "default":
+            raise ConfigError(
+                f"collection {collection.name!r} was built by {tool}, which stores Chroma's "
+                "default embedding function with it although its own embed model made the "
+                "vectors: pass --embedding openai:MODEL with the model the store was built with"
             )
         self.function = function
         self.name = f"collection:{_function_name(function)}"
