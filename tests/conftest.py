@@ -13,6 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+# Tests send nothing off this machine: Haystack and Chroma report usage unless told not to.
+os.environ["HAYSTACK_TELEMETRY_ENABLED"] = "False"
+os.environ["ANONYMIZED_TELEMETRY"] = "False"
+
 from openai_server import FakeOpenAI
 from support import CHROMIUM, FLAGS, build_store, docs, free_port
 

@@ -6,6 +6,7 @@ built-in chain through the server, or the framework's own query engine in a `--r
 The frameworks are the real ones (dev dependencies); only their models are fakes.
 """
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -47,13 +48,7 @@ def exam_writer(body: JSON) -> Reply | None:
     if not found:
         return None
     chunk = found[-1].strip()
-    return Reply(content=f'{{"question": {_quoted(chunk)}, "answer": {_quoted(chunk)}}}')
-
-
-def _quoted(text: str) -> str:
-    import json
-
-    return json.dumps(text)
+    return Reply(content=json.dumps({"question": chunk, "answer": chunk}))
 
 
 def released() -> None:

@@ -74,3 +74,14 @@ def test_the_model_warning_is_said_once_per_run(env: FakeOpenAI, tmp_path: Path)
     result = run_cli("run", *args)
     assert result.exit_code == 0, result.output
     assert result.output.count("is not among the models the endpoint lists") == 1
+
+
+def test_each_error_reason_is_shown_whole(env: FakeOpenAI, tmp_path: Path) -> None:
+    questions(tmp_path / "run", 2)
+    reason = "the vector index of tenant acme is rebuilding after the nightly compaction " * 2
+    (tmp_path / "failing.py").write_text(
+        f"def answer(question):\n    raise RuntimeError({reason.strip()!r})\n", encoding="utf-8"
+    )
+    result = run_cli("answer", "--out", "run", "--rag", "failing:answer", "--max-error-rate", "1")
+    assert result.exit_code == 0, result.output
+    assert f"2 x the RAG callable raised RuntimeError: {reason.strip()}" in result.output

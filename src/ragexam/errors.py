@@ -11,7 +11,8 @@
     ├── PromptError           a prompt file is missing or malformed
     ├── RowError              one row cannot be done (empty chunk, failing RAG callable)
     ├── LLMError              one call failed for good (carries attempts and raw output)
-    │   └── OutputError       the model replied, but not with valid structured output
+    │   ├── OutputError       the model replied, but not with valid structured output
+    │   └── ContextFull       the server's context window cut the reply: not asked again
     ├── AuthError             the endpoint refused the key repeatedly: the run stops (exit 4)
     ├── EndpointError         an endpoint cannot be reached or refuses every call (exit 4)
     ├── GateFailed            a quality gate (--fail-under, --fail-on-regression) failed (exit 3)
@@ -112,6 +113,10 @@ class LLMError(RagexamError):
 
 class OutputError(LLMError):
     """The model replied, but the reply is not valid structured output."""
+
+
+class ContextFull(LLMError):
+    """The reply was cut by the server's context window: asking again would cut it again."""
 
 
 class AuthError(RagexamError):

@@ -231,7 +231,7 @@ def summary_line(stage: str, result: StageResult, skipped_note: str | None = Non
         bad = result.path.with_name(result.path.name + ".bad-rows")
         say(f"  {outcome.quarantined} unreadable rows moved to {bad} (line numbers kept)")
     for reason, count in sorted(outcome.reasons.items(), key=lambda item: -item[1])[:3]:
-        say(f"  {count} x {reason}")
+        say(f"  {count} x {reason}", wrap=True)
     if skipped_note:
         say(f"  {skipped_note}")
 

@@ -79,6 +79,7 @@ class EndpointMemory:
     def __init__(self) -> None:
         self.checked: set[tuple[str | None, str]] = set()
         self.rates: dict[str, tuple[float, float]] = {}  # calls a second, and over what span
+        self.speeds: dict[str, float] = {}  # reply tokens a second, by model and URL
         self.recalled: set[Path] = set()
 
     def rate(self, key: str) -> tuple[float, float] | None:
@@ -119,6 +120,35 @@ class EndpointMemory:
         return first
 
 
+class SystemCheck:
+    """Warns once per endpoint when its replies' usage shows the system message was dropped.
+
+    llama.cpp's gemma chat format drops system messages: the server then bills a fraction of
+    the prompt ragexam sent (69-110 tokens of 423-476 measured), and the model never sees
+    the instructions. The first calls' usage is compared with an estimate of what was sent.
+    """
+
+    CALLS = 3  # calls looked at
+    SHARE = 0.5  # billed below this share of the estimate ...
+    REST = 1.5  # ... and within this multiple of the estimate without the system message
+
+    def __init__(self, base_url: str | None, memory: EndpointMemory) -> None:
+        self.base_url, self.memory, self.seen = base_url, memory, 0
+
+    def observe(self, sent: int, without_system: int, billed: int) -> None:
+        """One call's estimated prompt tokens, with and without its system text, and its bill."""
+        if self.seen >= self.CALLS or not billed or without_system >= sent:
+            return
+        self.seen += 1
+        dropped = billed < self.SHARE * sent and billed <= self.REST * without_system
+        if dropped and self.memory.first_check(self.base_url, "(system messages)"):
+            logger.warning(
+                f"the endpoint billed {billed} prompt tokens where about {sent} were sent: its "
+                "chat template drops the system message (llama.cpp's gemma format does), so the "
+                "model never sees ragexam's instructions; set RAGEXAM_SYSTEM_PROMPT=user"
+            )
+
+
 class ModelCheck:
     """Warns, through the `ragexam` logger, when the endpoint does not list the model."""
 
@@ -150,9 +180,9 @@ class ReplyBound:
         self.field = BOUND_FIELDS[1] if openai_itself else BOUND_FIELDS[0]
         self.switched = False
 
-    def body(self) -> dict[str, int]:
-        """The request field to send."""
-        return {self.field: self.limit}
+    def body(self, limit: int | None = None) -> dict[str, int]:
+        """The request field to send: the stage's bound, or a call's own."""
+        return {self.field: limit or self.limit}
 
     def refused(self, exc: BaseException) -> bool:
         """True when a 400 refuses a bound field: the first such refusal switches the field."""

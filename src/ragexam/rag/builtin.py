@@ -6,8 +6,9 @@ from typing import Any
 
 from ragexam.config import Settings
 from ragexam.errors import ConfigError, RagexamError, RowError
-from ragexam.llm.client import LLM, describe
+from ragexam.llm.client import LLM
 from ragexam.llm.endpoint import EndpointMemory
+from ragexam.llm.failures import describe
 from ragexam.llm.prompts import Prompt, context_block, load_prompt
 from ragexam.rag.base import Hit, Question, RagSystem, rank_of
 from ragexam.rag.embedders import make_embedder

@@ -17,7 +17,7 @@ import openai
 
 from ragexam.config import Settings
 from ragexam.errors import ConfigError, EndpointError, StoreError
-from ragexam.llm.client import describe
+from ragexam.llm.failures import describe
 from ragexam.rag.keys import check_key_destination
 from ragexam.store.provenance import NAMES_DEFAULT_FUNCTION, built_by
 from ragexam.urls import mask_url
@@ -125,8 +125,9 @@ class OpenAIEmbedder:
             raise ConfigError(
                 f"the embedding endpoint ({self.name}) returned one vector per token "
                 f"({len(per_token)} vectors for one question), not one per text: it does not "
-                "pool (llama.cpp's server without --pooling); start it with --pooling mean, or "
-                "use an embedding model that pools"
+                "pool: llama.cpp's own llama-server pools with --pooling mean; llama-cpp-python's "
+                "server has no such option, so serve the embedding model with llama-server, or "
+                "point RAGEXAM_EMBEDDING_BASE_URL at another embedding endpoint"
             )
         return vectors
 

@@ -46,6 +46,7 @@ RUN_COLUMNS = (
 )
 AUTH_FAILURES_TO_STOP = 3
 RAW_LIMIT = 2000
+REASON_LIMIT = 300  # characters of an error reason the summary counts and shows
 
 
 @dataclass(frozen=True)
@@ -255,7 +256,7 @@ class Runner:
             self.outcome.ok += 1
         else:
             self.outcome.errors += 1
-            reason = str(row["error"])[:80]
+            reason = str(row["error"])[:REASON_LIMIT]  # whole: the summary wraps it, never cuts
             self.outcome.reasons[reason] = self.outcome.reasons.get(reason, 0) + 1
         self.outcome.prompt_tokens += int(row.get("prompt_tokens") or 0)
         self.outcome.completion_tokens += int(row.get("completion_tokens") or 0)
