@@ -257,11 +257,16 @@ class LearnedRate:
             self._sends.popleft()
 
     def refused(self, sent_at: float, now: float) -> None:
-        """A call sent at `sent_at` was answered 429: once learned, the rate is cut."""
+        """A call sent at `sent_at` was answered 429: once learned, the rate is cut.
+
+        Not within a window of the rate being set or carried in: until then the server's
+        window still holds the calls sent before (an earlier stage's, or command's).
+        """
         self._refused.append(sent_at)
         while self._refused[0] < now - HORIZON:
             self._refused.popleft()
-        if self.rate and now - self._cut_time >= CUT_EVERY:
+        settled = now - self._set_at > self.span
+        if self.rate and settled and now - self._cut_time >= CUT_EVERY:
             self.rate, self._cut_time = self.rate * DECREASE, now
 
     def storm(self, now: float, wait: float) -> None:
