@@ -10,10 +10,16 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+# Tests send nothing off this machine: Haystack and Chroma report usage unless told not to.
+os.environ["HAYSTACK_TELEMETRY_ENABLED"] = "False"
+os.environ["ANONYMIZED_TELEMETRY"] = "False"
+
 from openai_server import FakeOpenAI
-from support import SERVERS, build_store, docs, free_port
+from support import CHROMIUM, FLAGS, SERVERS, build_store, docs, free_port
 
 # -- fake OpenAI server ---------------------------------------------------------------------------
 # A fresh server per test: it costs about a millisecond and no knob or request log can leak.
@@ -41,6 +47,23 @@ def env(fake_llm: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("RAGEXAM_RETRY_BACKOFF", "0.01")
     monkeypatch.setenv("RAGEXAM_TIMEOUT", "10")
     return fake_llm
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    """Headless Debian Chromium with a fresh profile."""
+    if not CHROMIUM.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{CHROMIUM} is missing: .ci/run installs Debian's chromium")
+        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium); CI installs it")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            tmp_path / "profile", executable_path=CHROMIUM, args=FLAGS
+        )
+        yield context
+        context.close()
 
 
 @pytest.fixture

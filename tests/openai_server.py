@@ -81,6 +81,11 @@ class Quirks:
     models: list[str] | None = None  # what GET /v1/models lists; None: 404, as without a list
     per_token_embeddings: bool = False  # llama.cpp without pooling: one vector per token
     refuse_max_tokens: bool = False  # OpenAI's reasoning models, also behind Azure or a proxy
+    echo_schema_in_json_mode: bool = False  # a small model that writes the prompt's schema back
+    context_room: int | None = None  # a full context window leaves a reply this many words
+    tools_finish_as_tool_calls: bool = False  # llama.cpp: "tool_calls" even when cut at the limit
+    words_per_second: float | None = None  # a CPU server: one reply at a time, written at this
+    # speed, and written to the end even for a caller that gave up waiting
 
 
 @dataclass
@@ -142,6 +147,7 @@ class FakeOpenAI:
         self.batch = BatchFaults()  # the Batch API's knobs, read as each batch moves on
         self.batches = BatchServer(self)  # /v1/files and /v1/batches: tests/batch_server.py
         self._lock = threading.Lock()
+        self._slot = threading.Lock()  # the one slot of a CPU server (Quirks.words_per_second)
         self._attempts: dict[str, int] = {}
         self._faulted: dict[str, int] = {}
         self._limits: dict[tuple[Any, ...], SlidingWindow | Bucket] = {}  # by kind and size
@@ -298,11 +304,17 @@ class FakeOpenAI:
             rec.fault = "raw_200"
             return _Out(200, None, {"Content-Type": raw[0]}, raw=raw[1].encode())
         reply = (self.responder(body) if self.responder else None) or _default_reply(body)
+        echoed = _prompt_schema(messages) if self.quirks.echo_schema_in_json_mode else None
+        if echoed is not None and (body.get("response_format") or {}).get("type") == "json_object":
+            reply = Reply(content=json.dumps(echoed))
         if reply.status != 200:
             return _error(reply.status, reply.error_message or "error", headers=reply.headers)
         reply = self._bounded(body, _spoil(reply, rec.fault))
         completion = _completion(body, reply, self.count_tokens)
         rec.usage = completion["usage"]
+        if self.quirks.words_per_second:
+            with self._slot:  # one slot: a caller that gave up still holds it till the end
+                self._stopping.wait(rec.usage["completion_tokens"] / self.quirks.words_per_second)
         return _Out(200, completion, dict(reply.headers))
 
     def _bounded(self, body: JSON, reply: Reply) -> Reply:
@@ -311,9 +323,15 @@ class FakeOpenAI:
             self._stopping.wait(self.faults.hang_seconds)  # only max_tokens counts, as llama.cpp
             return replace(reply, content="word " * ENDLESS_WORDS, finish_reason="length")
         limit = body.get("max_tokens") or body.get("max_completion_tokens")
+        if self.quirks.context_room is not None and isinstance(limit, int):  # llama.cpp: n_ctx
+            limit = min(limit, self.quirks.context_room)  # shrinks the reply, and says nothing
         if isinstance(limit, int) and reply.content and _word_count(reply.content) > limit:
             cut = " ".join(reply.content.split()[:limit])
             return replace(reply, content=cut, finish_reason="length")
+        if isinstance(limit, int) and reply.tool_args and _word_count(reply.tool_args) > limit:
+            cut = " ".join(reply.tool_args.split()[:limit])
+            finish = "tool_calls" if self.quirks.tools_finish_as_tool_calls else "length"
+            return replace(reply, tool_args=cut, finish_reason=finish)
         return reply
 
     def _embeddings(self, body: JSON, rec: Recorded) -> _Out:
@@ -726,6 +744,11 @@ def _embedding_inputs(value: Any) -> list[str] | None:
 def _word_slot(word: str, dim: int) -> tuple[int, float]:
     number = int(_sha(word)[:16], 16)
     return number % dim, 1.0 if number >> 63 else -1.0
+
+
+def hashed_embedding(text: str, dim: int = 64) -> list[float]:
+    """The vector this server embeds `text` as by default: stores built with it match."""
+    return _hashed_embedding(text, dim=dim)
 
 
 def _hashed_embedding(text: str, *, dim: int) -> list[float]:

@@ -22,8 +22,8 @@ from chromadb.utils.embedding_functions import OpenAIEmbeddingFunction
 from click.testing import Result
 from langchain_chroma import Chroma
 from langchain_core.documents import Document
-from langchain_core.embeddings import DeterministicFakeEmbedding
-from openai_server import FakeOpenAI, Reply
+from langchain_core.embeddings import Embeddings
+from openai_server import FakeOpenAI, Reply, hashed_embedding
 from typer.testing import CliRunner
 
 from ragexam.cli.app import app
@@ -88,6 +88,8 @@ def ranked_questions(server: FakeOpenAI, orders: dict[str, list[int]]) -> None:
     for question, order in orders.items():
         for place, chunk in enumerate(order):
             vectors[question][chunk] = 1.0 - place / (2 * N_CHUNKS)
+    # The chunks embed as they are stored: ragexam checks that before the first question.
+    vectors |= {f"Chunk text number {i}.": axis(i) for i in range(N_CHUNKS)}
     server.embed = lambda text: vectors[text]
 
 
@@ -310,11 +312,25 @@ def hashes(folder: Path) -> dict[str, bytes]:
     }
 
 
+class Hashed(Embeddings):
+    """LangChain embeddings with the test server's vectors (`env.embedding_dim = dim`)."""
+
+    def __init__(self, dim: int = 16) -> None:
+        self.dim = dim
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return [hashed_embedding(text, self.dim) for text in texts]
+
+    def embed_query(self, text: str) -> list[float]:
+        return hashed_embedding(text, self.dim)
+
+
 def build_store(path: Path, docs: list[Document], collection: str = "handbook") -> Path:
-    """A persisted store made the way users make theirs: LangChain's Chroma.from_documents."""
+    """A persisted store made the way users make theirs: LangChain's Chroma.from_documents,
+    with vectors as the test server embeds (dim 16)."""
     Chroma.from_documents(
         docs,
-        DeterministicFakeEmbedding(size=16),
+        Hashed(16),
         persist_directory=str(path),
         collection_name=collection,
     )
@@ -409,3 +425,10 @@ def edit_cell(path: Path, qa_id: str, column: str, value: str, key: str = "qa_id
         writer = csv.DictWriter(handle, header)
         writer.writeheader()
         writer.writerows(rows)
+
+
+def open_page(browser: Any, width: int, height: int) -> Any:
+    """A new page of this size, in the `browser` fixture's Chromium."""
+    page = browser.new_page()
+    page.set_viewport_size({"width": width, "height": height})
+    return page

@@ -67,7 +67,8 @@ def test_target_rank_matches_the_ranks_the_vectors_set(
         assert row["target_rank"] == ("" if rank is None else str(rank)), question
         assert json.loads(row["retrieved_ids"]) == [f"c{c}" for c in order[:k]]
         assert row["answer"]
-    assert env.count("/embeddings") == 1  # six questions: one batch, checked and reused
+    # One call checks that the stored chunks embed as stored; six questions are one batch.
+    assert env.count("/embeddings") == 2
     assert env.count() == len(orders)
 
 

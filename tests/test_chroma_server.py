@@ -23,7 +23,7 @@ def test_generate_through_a_chroma_server(
     # The same server, written another way, is the same store of the run folder.
     for same in (chroma_server + "/", chroma_server.replace("127.0.0.1", "localhost")):
         again = run_cli("generate", "--chroma-url", same, "--out", "run")
-        assert again.exit_code == 0 and "(30 done before)" in again.output, again.output
+        assert again.exit_code == 0 and "(30 rows done before)" in again.output, again.output
     defaults = ("--chroma-tenant", "default_tenant", "--chroma-database", "default_database")
     named = run_cli("generate", "--chroma-url", chroma_server, "--out", "run", *defaults)
     assert named.exit_code == 0, named.output

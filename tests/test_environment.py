@@ -6,7 +6,16 @@ from pathlib import Path
 
 import pytest
 from openai_server import FakeOpenAI, Faults
-from support import build_store, closed_port, docs, make_store, questions, rag_module, run_cli
+from support import (
+    build_store,
+    closed_port,
+    docs,
+    make_store,
+    questions,
+    rag_module,
+    ranked_questions,
+    run_cli,
+)
 
 
 def one_line_error(result: object, code: int, *words: str) -> None:
@@ -64,6 +73,7 @@ def test_an_embedding_endpoint_that_fails_the_preflight(
     env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, status: int | None
 ) -> None:
     store = make_store(tmp_path / "store", env)
+    ranked_questions(env, {})  # the chunks embed as stored: the check of the store passes
     questions(tmp_path / "run")
     if status is None:
         monkeypatch.setenv("RAGEXAM_EMBEDDING_BASE_URL", f"http://127.0.0.1:{closed_port()}/v1")

@@ -112,3 +112,34 @@ def _lines(path: Path) -> int:
         return path.read_bytes().count(b"\n")
     except FileNotFoundError:
         return 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sent", [signal.SIGTERM, signal.SIGINT])
+def test_a_run_a_script_started_in_the_background_ends_on_kill_and_on_ctrl_c(
+    env: FakeOpenAI, tmp_path: Path, sent: signal.Signals
+) -> None:
+    # A non-interactive shell starts `ragexam ... &` with SIGINT ignored; so does this.
+    store = build_store(tmp_path / "store", docs(120))
+    env.latency = 0.1
+    args = ["generate", "--chroma", str(store), "--out", "run", "--concurrency", "4"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ragexam.cli", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    output = tmp_path / "run" / "qa_dataset.csv"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and _lines(output) < 11:
+        time.sleep(0.02)
+    os.kill(process.pid, sent)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    kept = read_csv(output)
+    assert 10 <= len(kept) < 120 and {row["status"] for row in kept} == {"ok"}
+    calls = env.count()
+    env.latency = 0.0
+    assert run_cli(*args).exit_code == 0
+    assert env.count() - calls == 120 - len(kept)  # every finished row was kept

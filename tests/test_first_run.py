@@ -157,12 +157,7 @@ def legacy_qa(question):
 
 @pytest.mark.parametrize(
     ("target", "answer", "rank"),
-    [
-        ("message", "a message about q3", ""),
-        ("text_only", "text about q3", ""),
-        ("retrieval_chain", "chain answer", "1"),
-        ("legacy_qa", "legacy answer", "1"),
-    ],
+    [("retrieval_chain", "chain answer", "1"), ("legacy_qa", "legacy answer", "1")],
 )
 def test_langchain_outputs_are_accepted(
     env: FakeOpenAI, tmp_path: Path, target: str, answer: str, rank: str
@@ -180,6 +175,27 @@ def test_langchain_outputs_are_accepted(
     assert row["status"] == "ok", row["error"]
     assert (row["answer"], row["target_rank"]) == (answer, rank)
     assert float(row["latency_s"]) >= 0 and row["latency_s"] != ""
+
+
+@pytest.mark.parametrize(
+    ("target", "shape"),
+    [("message", "langchain_core.messages.ai.AIMessage"), ("text_only", "TextAccessor")],
+)
+def test_an_answer_alone_stops_the_stage_saying_what_came_back(
+    env: FakeOpenAI, tmp_path: Path, target: str, shape: str
+) -> None:
+    (tmp_path / f"lc_{target}.py").write_text(LANGCHAIN_RAGS, encoding="utf-8")
+    store = make_store(tmp_path / "store", env)
+    write_qa(
+        tmp_path / "run" / "qa_dataset.csv",
+        [{"qa_id": f"q{i}", "chunk_id": "c3", "question": f"q{i}"} for i in range(5)],
+    )
+    result = run_cli(
+        "answer", "--chroma", str(store), "--out", "run", "--rag", f"lc_{target}:{target}"
+    )
+    assert result.exit_code == 2, result.output
+    assert shape in result.output and "no retrieved chunks" in result.output
+    assert read_csv(tmp_path / "run" / "answers.csv") == []  # no row scored as a miss
 
 
 def test_chunks_without_a_document_key_stop_before_any_call(

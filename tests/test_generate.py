@@ -139,9 +139,9 @@ def test_unsupported_method_falls_back_once(env: FakeOpenAI, tmp_path: Path) -> 
     result = run_cli("generate", "--chroma", str(store), "--out", "run", "--concurrency", "1")
     assert result.exit_code == 0, result.output
     assert {row["status"] for row in read_csv(tmp_path / "run" / "qa_dataset.csv")} == {"ok"}
-    assert env.count() == 31  # one refused call, then json_mode for all
+    assert env.count() == 31  # one refused call, then function calling for all
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
-    assert manifest["stages"]["generate"]["structured_output"] == "json_mode"
+    assert manifest["stages"]["generate"]["structured_output"] == "function_calling"
 
 
 def test_formula_quotes_newlines_and_unicode_survive_the_csv(

@@ -61,6 +61,8 @@ def test_a_kept_multi_hop_question_needs_both_chunks_and_a_dropped_one_says_why(
         chunks = json.loads(row["chunk_ids"])
         first, second = (tuple(map(int, c[1:].split("-"))) for c in chunks)
         assert row["chunk_id"] == chunks[0] and len(chunks) == 2
+        hashes = row["chunk_hash"].split()  # each chunk's text, found again in a store rebuilt
+        assert len(hashes) == 2 and hashes[0] != hashes[1]
         # The known right answer: every fact the two chunks state, from both of them.
         truth = the_world.pair_truth(first, second)  # type: ignore[arg-type]
         assert FACT.findall(row["ground_truth_answer"]) == truth

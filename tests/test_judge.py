@@ -69,7 +69,7 @@ def test_truncated_and_malformed_replies_become_error_rows_with_reasons(
 
     def cut_for_three(body: dict[str, Any]) -> Reply | None:
         if number(body, "Question") == 3:
-            return Reply(content='{"reasoning": "the answer', finish_reason="length")
+            return Reply(content='{"reasoning": "' + "the answer " * 2000)  # cut at max_tokens
         return None
 
     env.responder = cut_for_three

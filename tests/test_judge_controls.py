@@ -101,7 +101,8 @@ def test_a_truthful_judge_passes_its_controls_and_the_report_says_so(
     # controls never enter a mean: each exam answer holds 2 of its 4 words
     assert float(row["completeness_mean"]) == 0.5 and float(row["conciseness_mean"]) == 1.0
     page = (tmp_path / "run" / "report.html").read_text()
-    assert "Can this judge be trusted?" in page and "40/40 known-answer controls passed" in page
+    assert "Can this judge be trusted?" in page
+    assert "40/40 known answers graded as expected, 0/40 injections fooled it" in page
     assert 'class="warning"' not in page
 
 

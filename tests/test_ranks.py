@@ -18,6 +18,7 @@ from ragexam.analysis.questions import load_questions
 from ragexam.analysis.ranking import COLUMNS
 from ragexam.analysis.stats import question_states
 from ragexam.io.csvfile import read_rows
+from ragexam.io.fingerprint import text_hash
 from ragexam.rag.base import Hit, ranks_of
 
 # One document: a question on chunks c0 and c1, one on c2 alone, one the store cannot answer.
@@ -34,6 +35,15 @@ def test_each_source_chunk_is_ranked_by_id_or_identical_text_and_counted_once() 
     assert ranks_of(["a", "b", "c"], ["same", "same", "same"], hits) == [1, 3, 4]
     assert ranks_of(["c1", "z"], [None, None], hits) == [2, None]
     assert ranks_of([], [], hits) == []
+
+
+def test_sources_whose_ids_are_gone_are_found_by_the_exams_hash_of_their_texts() -> None:
+    # A store built again: new ids, and the store no longer has the old ids' texts.
+    hits = [Hit("new-1", "second chunk"), Hit("new-2", "unrelated"), Hit("new-3", "first chunk")]
+    hashes = [text_hash("first chunk"), text_hash("second chunk")]
+    assert ranks_of(["c0", "c1"], [None, None], hits, hashes) == [3, 1]
+    assert ranks_of(["c0", "c1"], [None, None], hits) == [None, None]  # without them, misses
+    assert ranks_of(["c0", "c1"], [None, None], hits, hashes[:1]) == [3, None]
 
 
 def test_answer_ranks_every_source_chunk(env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -11,6 +11,7 @@ import json
 import re
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from openai_server import FakeOpenAI, Faults
@@ -46,6 +47,9 @@ def test_429s_do_not_count_against_retries_and_lose_no_row(
     # Some row met more 429s than its whole retry budget, and still ended ok.
     all_attempts = Counter(chunk_of(json.dumps(request.body)) for request in env.requests)
     assert max(all_attempts.values()) > 2 + 1
+    # Random 429s that say nothing of when to come back are no rate limit: none is learned.
+    record = json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["generate"]
+    assert record["learned_rpm"] is None and "rate limit learned" not in result.output
 
 
 def rate_limited_run(
@@ -115,3 +119,58 @@ def test_a_log_gets_plain_progress_lines_with_429s_and_the_pause(
     assert done == sorted(done)  # rows done only go up
     record = json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["generate"]
     assert record["rate_limited"] == sum(request.fault == "429" for request in env.requests)
+
+
+STAGE_MARKS = {"generate": "exam questions", "answer": "context chunks"}  # else the judge's
+
+
+def stage_of(request: Any) -> str:
+    """The stage a chat call belongs to, by its prompt."""
+    text = json.dumps(request.body)
+    return next((name for name, mark in STAGE_MARKS.items() if mark in text), "judge")
+
+
+def per_stage(chats: list[Any], latency: float) -> dict[str, float]:
+    """Each stage's calls admitted a second, from its first call to its last reply, ÷ the limit."""
+    shares = {}
+    for stage in ("generate", "answer", "judge"):
+        mine = [request for request in chats if stage_of(request) == stage]
+        if mine:
+            admitted = sum(request.fault != "rpm_limit" for request in mine)
+            shares[stage] = admitted / (mine[-1].at - mine[0].at + latency) / RATE
+    return shares
+
+
+@pytest.mark.slow
+def test_a_whole_run_learns_the_limit_once_and_every_stage_runs_at_it(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    store = build_store(tmp_path / "store", docs(ROWS))
+    env.embedding_dim = 16
+    env.latency = 1.0
+    env.faults = Faults(rpm_limit=LIMIT, rpm_window=WINDOW)
+    args = ("--out", "run", "--concurrency", "64", "--controls", "0")
+    result = run_cli("run", "--chroma", str(store), "--embedding", "openai:e", *args)
+    assert result.exit_code == 0, result.output
+    chats = [request for request in env.requests if request.path.endswith("/chat/completions")]
+    shares = per_stage(chats, env.latency)
+    assert min(shares.values()) >= 0.85 and len(shares) == 3, shares
+    limited = sum(request.fault == "rpm_limit" for request in chats) / len(chats)
+    assert limited <= 0.10, limited
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    stages = manifest["stages"]
+    learned = stages["generate"]["learned_rpm"]
+    assert abs(learned - RATE * 60) <= 0.1 * RATE * 60, learned  # learned once, here
+    assert stages["answer"]["carried_rpm"] and stages["judge"]["carried_rpm"], stages
+    assert [entry["rpm"] for entry in manifest["endpoints"].values()], manifest["endpoints"]
+    print("rate-limit figures per stage (share of the limit):", shares, "429s:", limited)
+    # The next command on this folder starts from what the run learned: no storm to meet.
+    (tmp_path / "run" / "judgments.csv").unlink()
+    before = len(env.requests)
+    again = run_cli("judge", *args)
+    assert again.exit_code == 0, again.output
+    judged = [req for req in env.requests[before:] if req.path.endswith("/chat/completions")]
+    assert sum(request.fault == "rpm_limit" for request in judged) / len(judged) <= 0.05
+    assert per_stage(judged, env.latency)["judge"] >= 0.85
+    said = " ".join(again.output.split())
+    assert "paced from the first call under the rate limit learned before" in said

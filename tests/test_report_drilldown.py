@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import CHROMIUM, FLAGS, HOSTILE, demo_run, run_cli, write_csv
+from support import HOSTILE, demo_run, open_page, run_cli, write_csv
 
 DOCS = ("guide/alpha.md", "guide/beta.md", "guide/gamma.md")
 
@@ -92,30 +90,6 @@ def test_past_its_limit_the_drill_down_holds_the_lowest_graded_of_every_document
     assert "judgments.csv and answers.csv hold all" in html
 
 
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Any]:
-    """Headless Debian Chromium with a fresh profile."""
-    if not CHROMIUM.exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{CHROMIUM} is missing: .ci/run installs Debian's chromium")
-        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium); CI installs it")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        context = playwright.chromium.launch_persistent_context(
-            tmp_path / "profile", executable_path=CHROMIUM, args=FLAGS
-        )
-        yield context
-        context.close()
-
-
-def open_page(browser: Any, width: int, height: int) -> Any:
-    """A new page of this size."""
-    page = browser.new_page()
-    page.set_viewport_size({"width": width, "height": height})
-    return page
-
-
 @pytest.mark.slow
 def test_filters_work_without_script(tmp_path: Path, browser: Any) -> None:
     truth = drill_run(tmp_path / "run", 60)
@@ -179,8 +153,8 @@ def test_a_phone_gets_no_horizontal_overflow_and_readable_charts(
         "() => [...document.querySelectorAll('.card')].map(c => c.getBoundingClientRect().right)"
     )
     assert len(cards) == 5 and max(cards) <= 390
-    sizes = page.evaluate(
-        "() => [...document.querySelectorAll('svg text')].map(t =>"
+    sizes = page.evaluate(  # of the charts shown: a phone's are drawn narrow, the wide hidden
+        "() => [...document.querySelectorAll('svg text')].filter(t => t.getScreenCTM()).map(t =>"
         " parseFloat(getComputedStyle(t).fontSize)"
         " * Math.hypot(t.getScreenCTM().a, t.getScreenCTM().b))"
     )

@@ -98,7 +98,7 @@ def test_grades_from_before_temperature_was_recorded_are_kept(
         writer.writerows(rows)
     again = run_cli(*grade)
     assert again.exit_code == 0 and env.count() == calls, again.output
-    assert "0 ok, 0 errors this run (3 done before)" in again.output
+    assert "judge: nothing to do (3 rows done before)" in again.output
     # Their temperature is the one the manifest recorded: a change is still refused by name,
     hotter = run_cli(*grade, "--temperature", "0.9")
     assert hotter.exit_code == 2 and "temperature" in hotter.output and env.count() == calls

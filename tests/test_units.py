@@ -12,7 +12,7 @@ from langchain_core.messages import AIMessage
 from ragexam.errors import OutputError
 from ragexam.io.csvfile import escape_cell, unescape_cell
 from ragexam.io.rowlog import RowLog
-from ragexam.llm.client import retry_after
+from ragexam.llm.failures import retry_after
 from ragexam.llm.prompts import load_prompt, prompts_dir
 from ragexam.llm.structured import parse_structured, tolerant_json
 from ragexam.stages.generate import QAPair

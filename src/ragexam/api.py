@@ -94,6 +94,7 @@ def command(spec: Spec, body: Body) -> Callable[..., Result]:
             raise TypeError(f"{spec.name}() takes {len(spec.positional)} positional arguments")
         given = spec.resolve({**dict(zip(spec.positional, args, strict=False)), **options})
         with session_for(session) as shared:
+            shared.endpoints.recall(given.out)  # rate limits an earlier command learned here
             return _in_own_loop(lambda: body(given, shared))
 
     public.__name__ = public.__qualname__ = spec.name
@@ -290,6 +291,11 @@ def _compare(given: Given, session: Session) -> Result:
     run_a, run_b = Path(runs.run_a or "."), Path(runs.run_b or ".")  # required: never None
     result = run_compare(run_a, run_b, runs.out or run_b, runs.seed)
     session.observer.compared(result)
+    if runs.fail_on_regression and result.different:
+        raise ConfigError(
+            f"--fail-on-regression: {result.different} paired questions differ between the "
+            "runs' exams; a regression can only be measured on one exam (run --qa-dataset)"
+        )
     if runs.fail_on_regression:
         check_regressions(result.table)
     return Result({"comparison": result.path}, {"warnings": list(result.warnings)}, result)
@@ -336,6 +342,9 @@ def _stages(given: Given, session: Session) -> dict[str, Result]:
     """run's stages before stats: generate (unless given an exam), answer, judge, control runs."""
     results: dict[str, Result] = {}
     if given.inputs.qa_dataset is None:
+        from ragexam.stages.answer import check_inputs
+
+        check_inputs(settings_for(given, "answer"), given, session)  # before generate pays
         results["generate"] = _generate(given, session)
     results["answer"] = _answer(given, session)
     results["judge"] = _judge(given, session)

@@ -2,6 +2,8 @@
 
     RagexamError              caught once by the CLI: "Error: <message>", exit 2
     ├── ConfigError           a setting is missing or invalid (API key, option values)
+    │   ├── RagShapeError     the user's RAG returns what cannot be read or matched
+    │   └── LocalClientError  the HTTP client failed inside ragexam, not at the endpoint
     ├── StoreError            the Chroma store or collection cannot be read as asked
     ├── InputFileError        an input CSV is missing, unreadable or lacks columns
     ├── OutputFileError       an existing output cannot be resumed safely, or written
@@ -9,7 +11,8 @@
     ├── PromptError           a prompt file is missing or malformed
     ├── RowError              one row cannot be done (empty chunk, failing RAG callable)
     ├── LLMError              one call failed for good (carries attempts and raw output)
-    │   └── OutputError       the model replied, but not with valid structured output
+    │   ├── OutputError       the model replied, but not with valid structured output
+    │   └── ContextFull       the server's context window cut the reply: not asked again
     ├── AuthError             the endpoint refused the key repeatedly: the run stops (exit 4)
     ├── EndpointError         an endpoint cannot be reached or refuses every call (exit 4)
     ├── GateFailed            a quality gate (--fail-under, --fail-on-regression) failed (exit 3)
@@ -30,10 +33,23 @@ class RagexamError(Exception):
     """Base class: an expected failure with a message that says what to do next."""
 
     exit_code = 2  # bad input or usage, unless a subclass says otherwise
+    stops_stage = False  # met in one row, it would be met in every row: stop the stage
 
 
 class ConfigError(RagexamError):
     """A setting is missing or invalid."""
+
+
+class RagShapeError(ConfigError):
+    """The user's RAG returns what ragexam cannot read or match: every row would miss."""
+
+    stops_stage = True
+
+
+class LocalClientError(ConfigError):
+    """The HTTP client failed inside ragexam (its packages disagree), not at the endpoint."""
+
+    stops_stage = True
 
 
 class StoreError(RagexamError):
@@ -99,6 +115,10 @@ class OutputError(LLMError):
     """The model replied, but the reply is not valid structured output."""
 
 
+class ContextFull(LLMError):
+    """The reply was cut by the server's context window: asking again would cut it again."""
+
+
 class AuthError(RagexamError):
     """The endpoint rejected the API key; every further call would fail too."""
 
@@ -109,6 +129,7 @@ class EndpointError(RagexamError):
     """An endpoint cannot be reached, or refuses the call that every row needs."""
 
     exit_code = 4
+    stops_stage = True
 
 
 class GateFailed(RagexamError):

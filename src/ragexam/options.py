@@ -132,6 +132,9 @@ class Exam:
     unanswerable: int | None = option(
         None, "N more questions the store cannot answer, each kept only when verified.", min=1
     )
+    exam_temperature: float = option(
+        0.0, "Temperature of the exam writer: 0 writes the same exam again.", min=0, max=2
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -18,7 +18,7 @@ from ragexam.analysis.resampling import compare_paired
 from ragexam.errors import InputFileError
 from ragexam.io.atomic import atomic_file
 from ragexam.io.cells import KINDS, SINGLE
-from ragexam.io.csvfile import escape_cell
+from ragexam.io.csvfile import escape_cell, read_columns
 from ragexam.io.manifest import read_manifest
 from ragexam.io.runfolder import RunFolder
 
@@ -44,6 +44,7 @@ class CompareResult:
     path: Path
     changes: pd.DataFrame | None = None
     changes_path: Path | None = None
+    different: int = 0  # paired questions whose question or ground truth differ: other exams
 
 
 def run_compare(run_a: Path, run_b: Path, out: Path, seed: int = 0) -> CompareResult:
@@ -56,6 +57,13 @@ def run_compare(run_a: Path, run_b: Path, out: Path, seed: int = 0) -> CompareRe
             f"shares no qa_id with {RunFolder(run_a).exam()}; compare runs of one exam",
         )
     warnings = manifest_warnings(run_a, run_b)
+    different = differing_questions(run_a, run_b, set(paired["qa_id"]))
+    if different:
+        warnings.append(
+            f"{different} of {len(paired)} paired questions differ in their question or ground "
+            "truth: the runs sat different exams, so their scores do not pair; sit one exam "
+            f"with `ragexam run --qa-dataset {RunFolder(run_a).exam()}`"
+        )
     left_out = len(scores_a) + len(scores_b) - 2 * len(paired)
     if left_out:
         warnings.append(f"questions in only one of the runs are left out: {left_out}")
@@ -71,12 +79,28 @@ def run_compare(run_a: Path, run_b: Path, out: Path, seed: int = 0) -> CompareRe
         changes, changes_path = keypointcompare.changes(points), out / "key_point_changes.csv"
         _write(changes, changes_path)
     _write(table, path)
-    return CompareResult(table, warnings, path, changes, changes_path)
+    return CompareResult(table, warnings, path, changes, changes_path, different)
 
 
 def _write(frame: pd.DataFrame, path: Path) -> None:
     with atomic_file(path) as handle:
         frame.assign(document=frame["document"].map(escape_cell)).to_csv(handle, index=False)
+
+
+def differing_questions(run_a: Path, run_b: Path, paired: set[str]) -> int:
+    """How many of the paired qa_ids ask another question, or expect another answer, in B."""
+    columns = ("qa_id", "question", "ground_truth_answer")
+    exams = [read_columns(RunFolder(run).exam(), columns) for run in (run_a, run_b)]
+    texts = [
+        {
+            qa_id: (question, truth)
+            for qa_id, question, truth in zip(
+                exam["qa_id"], exam["question"], exam["ground_truth_answer"], strict=True
+            )
+        }
+        for exam in exams
+    ]
+    return sum(texts[0].get(qa_id) != texts[1].get(qa_id) for qa_id in paired)
 
 
 def _scores(run: Path) -> pd.DataFrame:

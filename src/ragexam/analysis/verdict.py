@@ -122,6 +122,17 @@ class Verdict:
         fooled_it = f"{fooled}/{injected} injections fooled the judge"
         return f"{known}, {fooled_it} (attack success rate {rate:.0%})"
 
+    def short(self) -> str:
+        """The figures in few words, for a line that must fit: "40/40 known answers graded as
+        expected, 0/40 injections fooled it"."""
+        (passed, graded), (fooled, injected) = self.known, self.fooled
+        known = f"{passed}/{graded} known answers graded as expected"
+        return (
+            known
+            if self.attack_success_rate is None
+            else (f"{known}, {fooled}/{injected} injections fooled it")
+        )
+
     def line(self) -> str:
         """One line: the verdict, naming each failing kind with its passes."""
         if self.total == 0:

@@ -36,8 +36,10 @@ PLAIN_EVERY = 10.0  # seconds between plain progress lines when stderr is not a 
 
 
 def say(text: str, wrap: bool = False) -> None:
-    """One plain line on stderr (no markup, no highlighting, no escapes); word-wrapped if asked."""
-    err.print(printable(text), markup=False, highlight=False, soft_wrap=not wrap)
+    """One plain line on stderr (no markup, no highlighting, no escapes); word-wrapped if asked,
+    on a terminal: a log keeps each line whole, for grep, at any width."""
+    soft = not (wrap and err.is_terminal)
+    err.print(printable(text), markup=False, highlight=False, soft_wrap=soft)
 
 
 class Starting:
@@ -51,7 +53,8 @@ class Starting:
         """Show it while the command prepares; the first bar, or the command's end, clears it."""
         cls.clear()
         if err.is_terminal:
-            cls.status = err.status(f"{command}: {STARTING}", spinner="dots")
+            doing = STARTING.get(command, READING)
+            cls.status = err.status(f"{command}: {doing}", spinner="dots")
             cls.status.start()
         try:
             yield
@@ -66,7 +69,11 @@ class Starting:
             status.stop()
 
 
-STARTING = "loading libraries, opening the store, checking the endpoint…"
+READING = "loading libraries, reading the run folder…"  # what stats, compare and calibrate do
+STARTING = {
+    name: "loading libraries, opening the store, checking the endpoint…"
+    for name in ("run", "generate", "answer")
+} | {"judge": "loading libraries, reading the run folder, checking the endpoint…"}
 
 
 class _SayWarnings(logging.Handler):
@@ -205,10 +212,17 @@ def summary_line(stage: str, result: StageResult, skipped_note: str | None = Non
         f"{outcome.prompt_tokens:,} in + {outcome.completion_tokens:,} out",
         wrap=True,
     )
-    if outcome.learned_rpm:
+    if outcome.learned_rpm and outcome.carried:
+        say(
+            f"  paced from the first call under the rate limit learned before: "
+            f"~{outcome.learned_rpm:,} calls/min",
+            wrap=True,
+        )
+    elif outcome.learned_rpm:
         say(
             f"  rate limit learned from the endpoint's 429s: ~{outcome.learned_rpm:,} calls/min "
-            f"(--rpm {outcome.learned_rpm} paces under it from the first call)",
+            f"(--rpm {outcome.advised_rpm or outcome.learned_rpm} paces under it from the "
+            "first call)",
             wrap=True,
         )
     if outcome.redone:
@@ -217,7 +231,7 @@ def summary_line(stage: str, result: StageResult, skipped_note: str | None = Non
         bad = result.path.with_name(result.path.name + ".bad-rows")
         say(f"  {outcome.quarantined} unreadable rows moved to {bad} (line numbers kept)")
     for reason, count in sorted(outcome.reasons.items(), key=lambda item: -item[1])[:3]:
-        say(f"  {count} x {reason}")
+        say(f"  {count} x {reason}", wrap=True)
     if skipped_note:
         say(f"  {skipped_note}")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from ragexam.stages.dryrun import Estimate
     from ragexam.stages.runner import Progress, StageResult
 
+WIDE = 160  # columns of a table printed to a log, where no terminal sets the width
 # What a stage's summary adds when it skipped rows that failed upstream.
 SKIPPED = {
     "answer": "{} questions skipped: they are errors in the qa dataset",
@@ -66,10 +68,17 @@ class Printer(Observer):
         """The stage's summary line and its cost."""
         self.say_notes()
         skipped = SKIPPED.get(stage, "").format(result.skipped) if result.skipped else None
+        outcome = result.outcome
+        if not (outcome.ok or outcome.errors or outcome.quarantined or skipped):
+            done = f"{outcome.done_before} rows done before"
+            say(f"{stage.replace('_', ' ')}: nothing to do ({done}) -> {result.path}", wrap=True)
+            return
         summary_line(stage.replace("_", " "), result, skipped)
         for note in result.notes:
             say(f"  {note}")
-        if price is None:
+        if not (outcome.prompt_tokens or outcome.completion_tokens):
+            say("  cost: $0: no tokens were billed to ragexam's calls")
+        elif price is None:
             say("  cost: unknown: set RAGEXAM_PRICE_INPUT and RAGEXAM_PRICE_OUTPUT (USD/1M tokens)")
         else:
             say(f"  cost: {cost_text(cost)} ({price.short()})")
@@ -92,6 +101,7 @@ class Printer(Observer):
     def stats(self, result: StatsResult) -> None:
         """The worst documents as a table on stdout, then what qualifies them."""
         from ragexam.report.controlcharts import control_line
+        from ragexam.report.headline import headline
         from ragexam.report.marked import key_point_line
         from ragexam.report.terminal import kind_table, terminal_table
 
@@ -104,6 +114,7 @@ class Printer(Observer):
             say(line)
         if line := key_point_line(result.overall):
             say(line)
+        say(headline(result), wrap=True)
         if result.controls is not None:
             say(result.controls.message())
         if result.stale:
@@ -120,7 +131,8 @@ class Printer(Observer):
         Starting.clear()
         for warning in result.warnings:
             say(f"Warning: {warning}")
-        Console().print(comparison_table(result))
+        wide = None if sys.stdout.isatty() else WIDE  # a log cuts nothing: no terminal to fit
+        Console(width=wide).print(comparison_table(result))
         say(f"comparison: {result.path}")
         if result.changes is not None:
             gained = int((result.changes["credit_b"] > result.changes["credit_a"]).sum())

@@ -24,6 +24,12 @@ def input_hash(*values: str | None) -> str:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
 
+def text_hash(text: str) -> str:
+    """A chunk's text as the exam keeps it (`chunk_hash`): a store rebuilt with new ids still
+    holds the same text, and a retrieved chunk is matched by it."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
 class Stage(Protocol):
     """What the rows of a stage's output must share: model, prompt and fixed settings."""
 

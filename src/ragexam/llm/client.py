@@ -22,14 +22,23 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import openai
-from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
 from langchain_core.runnables import Runnable
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
 
 from ragexam.config import Settings, StructuredMethod, SystemRole
-from ragexam.errors import AuthError, LLMError, OutputError
-from ragexam.llm.endpoint import EndpointMemory, ModelCheck, Reachability, ReplyBound, root_cause
+from ragexam.errors import AuthError, LLMError, LocalClientError, OutputError
+from ragexam.llm.endpoint import (
+    EndpointMemory,
+    ModelCheck,
+    Reachability,
+    ReplyBound,
+    SystemCheck,
+    endpoint_key,
+    local_failure,
+)
+from ragexam.llm.failures import describe, rate_limited, retry_after
 from ragexam.llm.pacing import Pacer, estimate_tokens
 from ragexam.llm.prompts import system_as_user
 from ragexam.llm.replies import InvalidReply, NoAnswer, check_reply
@@ -38,12 +47,14 @@ from ragexam.llm.structured import (
     MethodChoice,
     MethodRefused,
     content_of,
-    output_error,
+    cut_off,
     parse_structured,
     reask,
+    schema_tokens,
     with_schema,
 )
-from ragexam.llm.transport import async_http_client
+from ragexam.llm.timing import CallClock
+from ragexam.llm.transport import async_http_client, client_kind
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
@@ -56,7 +67,6 @@ RETRYABLE = (
     OutputError,
     InvalidReply,
 )
-MAX_RETRY_AFTER = 120.0
 MAX_RATE_LIMIT_BACKOFF = 60.0
 
 
@@ -93,6 +103,7 @@ class _Row:
     waited: float = 0.0  # seconds waited on 429s
     reason: str = "no attempt made"
     raw: str | None = None
+    sizes: tuple[int, int] = (0, 0)  # prompt tokens sent, estimated, and without system text
 
     def error(self, reason: str) -> LLMError:
         """The row failed for good."""
@@ -113,6 +124,7 @@ class LLM:
         memory: EndpointMemory | None = None,
     ) -> None:
         self.model = model
+        self.memory = memory or EndpointMemory()
         self.max_tokens = max_tokens or settings.max_tokens_for("answer")
         self.chat = ChatOpenAI(
             model=model,
@@ -125,15 +137,21 @@ class LLM:
             # loop, and would break the next stage's asyncio.run in the same process.
             http_async_client=async_http_client(event_hooks={"response": [check_reply]}),
         )
+        self.http = client_kind(self.chat.http_async_client)
         self.bound = ReplyBound(settings.openai_base_url, self.max_tokens)
         self.chat.extra_body = self.bound.body()
         self.choice = MethodChoice(settings.structured_output)
         self.system_as_user = settings.system_prompt == SystemRole.user
         self.model_check = ModelCheck(model, settings.openai_base_url, memory)
+        self.system_check = SystemCheck(settings.openai_base_url, self.memory)
         self.max_retries = settings.max_retries
         self.backoff = settings.retry_backoff
         self.redact = settings.redact
-        self.pacer = Pacer(settings.concurrency, settings.rpm, settings.tpm)
+        self.key = endpoint_key(model, settings.openai_base_url)
+        self.sized = settings.max_tokens is None  # else RAGEXAM_MAX_TOKENS bounds every reply
+        self.clock = CallClock(settings.timeout, self.key, self.memory)
+        known = self.memory.rate(self.key)
+        self.pacer = Pacer(settings.concurrency, settings.rpm, settings.tpm, known)
         self.rate_limit_wait = settings.rate_limit_wait
         self.reachability = Reachability(settings.openai_base_url, self.redact)
         self.tokens = [0, 0]  # prompt and completion tokens of every call, failed ones too
@@ -145,7 +163,9 @@ class LLM:
         return self.pacer.traffic.calls
 
     async def aclose(self) -> None:
-        """Close the HTTP connections of this model."""
+        """Keep what was learned of the endpoint's rate; close the model's connections."""
+        learned = self.pacer.learned
+        self.memory.learned(self.key, learned.rate, learned.span)
         client = self.chat.http_async_client
         if client is not None:
             await client.aclose()
@@ -159,33 +179,54 @@ class LLM:
         """Ask for an instance of `schema`; invalid replies are re-asked with the reason."""
         conversation = list(messages)
 
+        limit = self.limit(schema)
+
         async def once() -> tuple[M, AIMessage]:
             async with self.choice.attempt() as method:
                 runnable = self._structured_runnable(schema, method)
-                raw = await runnable.ainvoke(self._shape(with_schema(conversation, schema, method)))
+                shaped = self._shape(with_schema(conversation, schema, method))
+                raw = await runnable.ainvoke(shaped, timeout=self.clock.timeout(limit))
             assert isinstance(raw, AIMessage)
             try:
-                return parse_structured(raw, schema), raw
+                value = parse_structured(raw, schema, limit)
             except OutputError as exc:
+                if CUT_OFF not in exc.reason and self.choice.outcome(method, valid=False):
+                    conversation[:] = messages  # the next method starts afresh
+                    raise MethodRefused(exc.reason) from exc
                 conversation[:] = reask(messages, exc)
                 raise
+            self.choice.outcome(method, valid=True)
+            return value, raw
 
-        return await self._retrying(once, estimate_tokens(messages))
+        return await self._retrying(once, *self._sizes(messages))
+
+    def limit(self, schema: type[BaseModel]) -> int:
+        """The bound on a reply of `schema`: what its fields need, within the stage's bound."""
+        return min(self.max_tokens, schema_tokens(schema)) if self.sized else self.max_tokens
+
+    def _sizes(self, messages: list[BaseMessage]) -> tuple[int, int]:
+        """Estimated prompt tokens sent, and without the system text (0: nothing to check)."""
+        if self.system_as_user:
+            return estimate_tokens(messages), 0
+        rest = [message for message in messages if not isinstance(message, SystemMessage)]
+        return estimate_tokens(messages), estimate_tokens(rest)
 
     async def text(self, messages: list[BaseMessage]) -> Reply[str]:
         """Ask for plain text; a reply cut off at max_tokens is re-asked, shorter."""
         conversation = list(messages)
 
         async def once() -> tuple[str, AIMessage]:
-            raw = await self.chat.ainvoke(self._shape(conversation))
+            timeout = self.clock.timeout(self.max_tokens)
+            raw = await self.chat.ainvoke(self._shape(conversation), timeout=timeout)
             assert isinstance(raw, AIMessage)
             if raw.response_metadata.get("finish_reason") == "length":
-                exc = output_error(CUT_OFF, raw)
-                conversation[:] = reask(messages, exc)
+                exc = cut_off(raw, self.max_tokens)
+                if isinstance(exc, OutputError):
+                    conversation[:] = reask(messages, exc)
                 raise exc
             return content_of(raw), raw
 
-        return await self._retrying(once, estimate_tokens(messages))
+        return await self._retrying(once, *self._sizes(messages))
 
     def _shape(self, messages: list[BaseMessage]) -> list[BaseMessage]:
         return system_as_user(messages) if self.system_as_user else messages
@@ -208,11 +249,11 @@ class LLM:
         goes in extra_body: as a top-level field it sends the call through the SDK's parse()
         path, ~1 ms more per call, for parsing we do not use.
         """
+        extra = self.bound.body(self.limit(schema))  # a bound extra_body replaces the model's
         if method == StructuredMethod.prompt:
-            return self.chat
+            return self.chat.bind(extra_body=extra)
         if method == StructuredMethod.function_calling:
-            return self.chat.bind_tools([schema], tool_choice=schema.__name__)
-        extra = self.bound.body()  # a bound extra_body replaces the model's
+            return self.chat.bind_tools([schema], tool_choice=schema.__name__, extra_body=extra)
         if method == StructuredMethod.json_mode:
             return self.chat.bind(extra_body={**extra, "response_format": {"type": "json_object"}})
         spec = {"name": schema.__name__, "schema": schema.model_json_schema()}
@@ -220,17 +261,19 @@ class LLM:
         return self.chat.bind(extra_body={**extra, "response_format": format_})
 
     async def _retrying(
-        self, once: Callable[[], Awaitable[tuple[T, AIMessage]]], estimate: int = 0
+        self, once: Callable[[], Awaitable[tuple[T, AIMessage]]], estimate: int = 0, rest: int = 0
     ) -> Reply[T]:
-        row = _Row(time.monotonic())
+        row = _Row(time.monotonic(), sizes=(estimate, rest))
         await self.model_check.once(self.chat.root_async_client)
         while True:
             number = await self.pacer.acquire(estimate)
             row.calls += 1
+            sent = time.monotonic()
             limited, delay = False, 0.0
             try:
                 value, raw = await once()
             except MethodRefused as exc:
+                self._count(row.tokens, getattr(exc.__cause__, "raw_message", None), row.sizes)
                 row.reason = self.redact(describe(exc.__cause__ or exc))
                 row.calls -= 1  # the refused method's fault, not the row's: the retry is free
                 continue
@@ -242,7 +285,10 @@ class LLM:
                 delay = self._after_failure(exc, row, limited)
             else:
                 self.reachability.reached()
-                self._count(row.tokens, raw)
+                usage = raw.usage_metadata
+                written = int(usage["output_tokens"]) if usage else 0
+                self.clock.succeeded(written, time.monotonic() - sent)
+                self._count(row.tokens, raw, row.sizes)
                 latency, tokens = time.monotonic() - row.started, row.tokens
                 return Reply(value, tokens[0], tokens[1], row.calls, latency, content_of(raw))
             finally:
@@ -252,9 +298,14 @@ class LLM:
 
     def _after_failure(self, exc: Exception, row: _Row, limited: bool) -> float:
         """Book one failed attempt; the wait before the next, or raise when the row is done."""
-        self._count(row.tokens, getattr(exc, "raw_message", None))
+        local = local_failure(exc)
+        if local is not None:
+            raise LocalClientError(self.redact(local))  # every call would fail alike
+        self._count(row.tokens, getattr(exc, "raw_message", None), row.sizes)
         row.raw = getattr(exc, "raw", None) or row.raw
         self.reachability.failed(exc)
+        if isinstance(exc, openai.APITimeoutError):
+            self.clock.timed_out()  # the server is slower than allowed for: allow more
         if limited:
             delay = retry_after(exc)
             if delay is None:
@@ -285,9 +336,11 @@ class LLM:
             self._runnables.clear()  # they carry the old field
         return True
 
-    def _count(self, tokens: list[int], raw: AIMessage | None) -> None:
+    def _count(self, tokens: list[int], raw: AIMessage | None, sizes: tuple[int, int]) -> None:
         """Add one attempt's usage to the row's tokens and to this model's totals."""
         usage = raw.usage_metadata if raw is not None else None
+        if usage and sizes[1]:
+            self.system_check.observe(sizes[0], sizes[1], usage["input_tokens"])
         if usage:
             for index, used in enumerate((usage["input_tokens"], usage["output_tokens"])):
                 tokens[index] += used
@@ -297,57 +350,19 @@ class LLM:
         """What one failed attempt means: its reason and the wait before the next, or raise."""
         reason = self.redact(describe(exc))
         if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
-            raise AuthError(f"the endpoint refused the API key: {reason}") from None
+            raise AuthError(
+                f"the endpoint refused the API key: {reason}; check OPENAI_API_KEY (and "
+                "OPENAI_BASE_URL: the key must be one this endpoint issued)"
+            ) from None
         if isinstance(exc, NoAnswer):  # asking again would pay for the same refusal
             raise LLMError(reason, attempts=attempt, tokens=(tokens[0], tokens[1])) from None
         if isinstance(exc, openai.RateLimitError):  # a 429 that means "no": out of quota
             raise AuthError(f"the endpoint refused the call: {reason}; check the account's quota")
         if not isinstance(exc, RETRYABLE):
-            if isinstance(exc, openai.APIError):
+            if isinstance(exc, openai.APIError | LLMError):  # ContextFull: asked again, cut again
                 raise LLMError(reason, attempts=attempt, tokens=(tokens[0], tokens[1])) from None
             raise exc  # not an API failure: a bug, keep its traceback
         waited = retry_after(exc)
         if waited is not None:
             return reason, waited
         return reason, self.backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1.0)
-
-
-def describe(exc: BaseException) -> str:
-    """A one-line reason for a failed call."""
-    if isinstance(exc, openai.APIStatusError):
-        message = exc.message
-        body = exc.body
-        if isinstance(body, dict) and isinstance(body.get("message"), str):
-            message = body["message"]
-        text = f"HTTP {exc.status_code}: {message}"
-    elif isinstance(exc, openai.APITimeoutError):
-        text = "the call timed out (RAGEXAM_TIMEOUT)"
-    elif isinstance(exc, openai.APIConnectionError):
-        text = f"cannot connect to the endpoint: {root_cause(exc)}"
-    else:
-        text = str(exc) or type(exc).__name__
-    return " ".join(text.split())[:500]
-
-
-def rate_limited(exc: BaseException) -> bool:
-    """A 429 that means "not now", as opposed to insufficient_quota, which means "no"."""
-    if not isinstance(exc, openai.RateLimitError):
-        return False
-    body = exc.body if isinstance(exc.body, dict) else {}
-    return "insufficient_quota" not in (getattr(exc, "code", None), body.get("code"))
-
-
-def retry_after(exc: BaseException) -> float | None:
-    """Seconds the server asked us to wait (Retry-After / retry-after-ms), if it said."""
-    response = getattr(exc, "response", None)
-    headers = getattr(response, "headers", None)
-    if headers is None:
-        return None
-    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
-        value = headers.get(name)
-        if value is not None:
-            try:
-                return min(max(float(value) * scale, 0.0), MAX_RETRY_AFTER)
-            except ValueError:
-                continue  # an HTTP date: rare from LLM servers, fall back to backoff
-    return None

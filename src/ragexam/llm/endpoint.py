@@ -20,12 +20,15 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the SDK loads with the first stage, not with the CLI's run scope
     import openai
 
 from ragexam.errors import EndpointError
+from ragexam.io.manifest import read_manifest
+from ragexam.urls import mask_url
 
 logger = logging.getLogger("ragexam")
 BOUND_FIELDS = ("max_tokens", "max_completion_tokens")
@@ -47,6 +50,11 @@ async def listed_models(client: openai.AsyncOpenAI) -> list[str] | None:
     return [model_id for model_id in ids if model_id] or None
 
 
+def endpoint_key(model: str, base_url: str | None) -> str:
+    """How a model at an endpoint is named in the manifest (credentials masked)."""
+    return f"{model} at {mask_url(base_url or 'https://api.openai.com/v1')}"
+
+
 def absent_model_warning(model: str, listed: list[str] | None) -> str | None:
     """One line when `model` is not among the listed ones; None when it is, or nothing is listed."""
     if listed is None or model in listed:
@@ -61,10 +69,48 @@ def absent_model_warning(model: str, listed: list[str] | None) -> str | None:
 
 
 class EndpointMemory:
-    """What one command learned of its endpoints: the models already looked up there."""
+    """What one command learned of its endpoints: the models already looked up there, and
+    each endpoint's rate limit, learned once and paced from by every later stage.
+
+    The rates are kept in the run folder's manifest (`endpoints`), so the next command on
+    the same folder starts from them too, instead of meeting the limit again at full speed.
+    """
 
     def __init__(self) -> None:
         self.checked: set[tuple[str | None, str]] = set()
+        self.rates: dict[str, tuple[float, float]] = {}  # calls a second, and over what span
+        self.speeds: dict[str, float] = {}  # reply tokens a second, by model and URL
+        self.recalled: set[Path] = set()
+
+    def rate(self, key: str) -> tuple[float, float] | None:
+        """The rate (calls a second) and window (seconds) learned for this model and URL."""
+        return self.rates.get(key)
+
+    def learned(self, key: str, rate: float, span: float) -> None:
+        """Keep the rate a stage ended with, for the next stage and the next command."""
+        if rate > 0 and span > 0:
+            self.rates[key] = (rate, span)
+
+    def recall(self, out: Path) -> None:
+        """Take what an earlier command on this run folder learned (once per folder)."""
+        if out in self.recalled:
+            return
+        self.recalled.add(out)
+        saved = read_manifest(out).get("endpoints") or {}
+        for key, entry in saved.items() if isinstance(saved, dict) else ():
+            try:
+                rate, span = float(entry["rpm"]) / 60, float(entry["window_s"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if key not in self.rates:
+                self.learned(key, rate, span)
+
+    def saved(self) -> dict[str, dict[str, float]]:
+        """The rates as the manifest keeps them."""
+        return {
+            key: {"rpm": round(rate * 60, 1), "window_s": round(span, 3)}
+            for key, (rate, span) in self.rates.items()
+        }
 
     def first_check(self, base_url: str | None, model: str) -> bool:
         """True the first time this model at this base URL is looked up."""
@@ -72,6 +118,35 @@ class EndpointMemory:
         first = key not in self.checked
         self.checked.add(key)
         return first
+
+
+class SystemCheck:
+    """Warns once per endpoint when its replies' usage shows the system message was dropped.
+
+    llama.cpp's gemma chat format drops system messages: the server then bills a fraction of
+    the prompt ragexam sent (69-110 tokens of 423-476 measured), and the model never sees
+    the instructions. The first calls' usage is compared with an estimate of what was sent.
+    """
+
+    CALLS = 3  # calls looked at
+    SHARE = 0.5  # billed below this share of the estimate ...
+    REST = 1.5  # ... and within this multiple of the estimate without the system message
+
+    def __init__(self, base_url: str | None, memory: EndpointMemory) -> None:
+        self.base_url, self.memory, self.seen = base_url, memory, 0
+
+    def observe(self, sent: int, without_system: int, billed: int) -> None:
+        """One call's estimated prompt tokens, with and without its system text, and its bill."""
+        if self.seen >= self.CALLS or not billed or without_system >= sent:
+            return
+        self.seen += 1
+        dropped = billed < self.SHARE * sent and billed <= self.REST * without_system
+        if dropped and self.memory.first_check(self.base_url, "(system messages)"):
+            logger.warning(
+                f"the endpoint billed {billed} prompt tokens where about {sent} were sent: its "
+                "chat template drops the system message (llama.cpp's gemma format does), so the "
+                "model never sees ragexam's instructions; set RAGEXAM_SYSTEM_PROMPT=user"
+            )
 
 
 class ModelCheck:
@@ -105,9 +180,9 @@ class ReplyBound:
         self.field = BOUND_FIELDS[1] if openai_itself else BOUND_FIELDS[0]
         self.switched = False
 
-    def body(self) -> dict[str, int]:
-        """The request field to send."""
-        return {self.field: self.limit}
+    def body(self, limit: int | None = None) -> dict[str, int]:
+        """The request field to send: the stage's bound, or a call's own."""
+        return {self.field: limit or self.limit}
 
     def refused(self, exc: BaseException) -> bool:
         """True when a 400 refuses a bound field: the first such refusal switches the field."""
@@ -136,6 +211,54 @@ def root_cause(exc: BaseException) -> str:
     if isinstance(inner, OSError) and inner.errno:
         return f"{os.strerror(inner.errno)} ({inner.strerror or inner})"
     return str(inner) or str(exc.__cause__ or exc)
+
+
+LOCAL_FAILURES = (TypeError, AttributeError, ImportError, NotImplementedError, RuntimeError)
+STACK = ("openai", "httpx", "httpx2", "aiohttp")
+
+
+def local_failure(exc: BaseException) -> str | None:
+    """What failed inside this process before a call reached the endpoint, or None.
+
+    The SDK reports any exception its HTTP client raises as a connection error; a TypeError
+    (an httpx2 client given to an SDK that speaks httpx) is a mismatch of installed packages,
+    which no endpoint setting fixes.
+    """
+    chain: list[BaseException] = []
+    inner: BaseException | None = exc
+    while inner is not None and inner not in chain:
+        chain.append(inner)
+        inner = inner.__cause__ or inner.__context__
+    if any(isinstance(link, OSError) for link in chain):
+        return None  # refused, reset, unreachable, a timeout, TLS: the network's
+    found = next((link for link in chain if isinstance(link, LOCAL_FAILURES)), None)
+    if found is None or (found is exc and not _raised_in_the_stack(exc)):
+        return None  # not the HTTP stack's: a bug, which keeps its traceback
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = []
+    for name in STACK:
+        try:
+            versions.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            continue
+    reason = " ".join(f"{type(found).__name__}: {found}".split())[:300]
+    return (
+        f"the HTTP client failed inside ragexam before the call reached the endpoint ({reason}); "
+        f"this is a mismatch of the installed packages ({', '.join(versions)}), not the "
+        "endpoint: install ragexam into a fresh environment, or report it with these versions"
+    )
+
+
+def _raised_in_the_stack(exc: BaseException) -> bool:
+    """Whether the exception passed through the SDK's or an HTTP library's code."""
+    frame = exc.__traceback__
+    while frame is not None:
+        module = str(frame.tb_frame.f_globals.get("__name__", ""))
+        if module.split(".")[0] in STACK:
+            return True
+        frame = frame.tb_next
+    return False
 
 
 class Reachability:

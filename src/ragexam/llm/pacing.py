@@ -56,7 +56,11 @@ class Traffic:
     retries: int = 0
     rate_limited: int = 0
     pause_until: float = 0.0  # monotonic time when the longest wait under way ends
-    learned_rpm: int | None = None  # the server's limit, as learned from its first storm
+    learned_rpm: int | None = None  # the server's limit, as learned here or carried in
+    carried_rpm: int | None = None  # the rate an earlier stage or run learned, paced from
+    first_sent: float = 0.0
+    last_done: float = 0.0
+    admitted: int = 0  # calls that were not answered 429
 
     def pause(self) -> float:
         """Seconds left of the longest wait under way (0 when none)."""
@@ -66,19 +70,38 @@ class Traffic:
         """A row starts waiting `seconds` before its next attempt."""
         self.pause_until = max(self.pause_until, time.monotonic() + seconds)
 
+    def admitted_rpm(self) -> int | None:
+        """Calls a minute the endpoint answered, other than with a 429, over the stage."""
+        span = self.last_done - self.first_sent
+        return round(self.admitted / span * 60) if self.admitted > 1 and span > 0 else None
+
+    def advised_rpm(self) -> int | None:
+        """The --rpm to advise: the limit learned, never below what the endpoint admitted."""
+        if not self.learned_rpm:
+            return None
+        return max(self.learned_rpm, self.admitted_rpm() or 0)
+
     def record(self) -> dict[str, int | None]:
         """The counters that go into the manifest."""
         return {
             "retries": self.retries,
             "rate_limited": self.rate_limited,
             "learned_rpm": self.learned_rpm,
+            "carried_rpm": self.carried_rpm,
+            "admitted_rpm": self.admitted_rpm(),
         }
 
 
 class Pacer:
     """Admits calls: at most `window` in flight, and no faster than --rpm and --tpm allow."""
 
-    def __init__(self, ceiling: int, rpm: int | None = None, tpm: int | None = None) -> None:
+    def __init__(
+        self,
+        ceiling: int,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        known: tuple[float, float] | None = None,
+    ) -> None:
         self.ceiling = ceiling
         self.window = float(ceiling)
         self.in_flight = 0
@@ -95,6 +118,8 @@ class Pacer:
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._rpm = _bucket(rpm)
         self.learned = LearnedRate(self.traffic)
+        if known is not None:  # what an earlier stage, or run, learned of this endpoint
+            self.learned.carry(*known)
         self._tokens = _Schedule()
         self._tpm = tpm * MARGIN / 60 if tpm else 0.0  # tokens a second
 
@@ -117,6 +142,7 @@ class Pacer:
         self._sent += 1
         self.traffic.calls += 1
         self._sent_at[self._sent] = now = clock()
+        self.traffic.first_sent = self.traffic.first_sent or now
         self.learned.sent(now)
         return self._sent
 
@@ -164,6 +190,9 @@ class Pacer:
         """
         self.in_flight -= 1
         sent_at = self._sent_at.pop(number, None)
+        if counted:
+            self.traffic.last_done = clock()
+            self.traffic.admitted += not limited
         if counted and not limited and sent_at is not None:
             took = clock() - sent_at
             self._rtt = took if not self._rtt else 0.8 * self._rtt + 0.2 * took
@@ -178,7 +207,8 @@ class Pacer:
                 self.learned.refused(sent_at, now)
             if self._in_a_row == STORM:  # no new call until the server has a free slot,
                 self._hold_until = max(self._hold_until, now + wait)
-                self.learned.storm(now, wait)
+                if wait > 0:  # a limit says when a slot frees; random refusals say nothing
+                    self.learned.storm(now, wait)
                 if not learned:
                     self.window = max(1.0, self.window * MIN_DECREASE)  # and fewer after it
             if not learned and number > self._cut_at and now - self._cut_time >= self._rtt:
@@ -226,18 +256,31 @@ class LearnedRate:
         self._set_at = 0.0  # when the rate was learned or last cut by a storm
         self._schedule = _Schedule()
 
+    def carry(self, rate: float, span: float) -> None:
+        """Start from a rate learned before (calls a second, over a window of `span` s)."""
+        self.rate, self.span = rate, span
+        self._set_at = -1.0  # set by the first send: the pacing clock runs in the event loop
+        self.traffic.carried_rpm = self.traffic.learned_rpm = round(rate * 60)
+
     def sent(self, at: float) -> None:
         """A call was sent at `at`."""
+        if self._set_at < 0:
+            self._set_at = at
         self._sends.append(at)
         while self._sends[0] < at - HORIZON:
             self._sends.popleft()
 
     def refused(self, sent_at: float, now: float) -> None:
-        """A call sent at `sent_at` was answered 429: once learned, the rate is cut."""
+        """A call sent at `sent_at` was answered 429: once learned, the rate is cut.
+
+        Not within a window of the rate being set or carried in: until then the server's
+        window still holds the calls sent before (an earlier stage's, or command's).
+        """
         self._refused.append(sent_at)
         while self._refused[0] < now - HORIZON:
             self._refused.popleft()
-        if self.rate and now - self._cut_time >= CUT_EVERY:
+        settled = now - self._set_at > self.span
+        if self.rate and settled and now - self._cut_time >= CUT_EVERY:
             self.rate, self._cut_time = self.rate * DECREASE, now
 
     def storm(self, now: float, wait: float) -> None:

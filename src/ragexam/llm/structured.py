@@ -21,19 +21,24 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from pydantic import BaseModel, ValidationError
 
 from ragexam.config import StructuredMethod
-from ragexam.errors import OutputError
+from ragexam.errors import ContextFull, LLMError, OutputError
 
 M = TypeVar("M", bound=BaseModel)
 CUT_OFF = "the reply was cut off at max_tokens (finish_reason=length)"
+CONTEXT_FULL = 0.9  # a reply cut below this share of its bound was cut by the context window
+STRING_TOKENS = 160  # a free-text field's allowance, where the schema sets no maxLength
+ARRAY_ITEMS = 8  # an array's items, where it sets no maxItems
 
 
-def parse_structured(raw: AIMessage, schema: type[M]) -> M:
+def parse_structured(raw: AIMessage, schema: type[M], limit: int | None = None) -> M:
     """Validate a reply against `schema`, from a tool call or from JSON in the text."""
     if raw.response_metadata.get("finish_reason") == "length":
-        raise output_error(CUT_OFF, raw)
+        raise cut_off(raw, limit)
     if raw.tool_calls:
         candidate: Any = raw.tool_calls[0]["args"]
     elif raw.invalid_tool_calls:
+        if limit and _written(raw) >= limit:  # llama.cpp says "tool_calls" even when cut
+            raise cut_off(raw, limit)
         candidate = tolerant_json(raw.invalid_tool_calls[0].get("args") or "", raw)
     else:
         candidate = tolerant_json(content_of(raw), raw)
@@ -44,6 +49,54 @@ def parse_structured(raw: AIMessage, schema: type[M]) -> M:
             f"{'.'.join(map(str, e['loc'])) or 'reply'}: {e['msg']}" for e in exc.errors()
         )
         raise output_error(f"the reply failed validation: {problems}", raw) from None
+
+
+def _written(raw: AIMessage) -> int:
+    usage = raw.usage_metadata
+    return int(usage["output_tokens"]) if usage else 0
+
+
+def cut_off(raw: AIMessage, limit: int | None) -> LLMError:
+    """A reply cut at its length: at max_tokens (re-asked, shorter), or well below it, where
+    the server's context window filled up (the same prompt would be cut again: not re-asked)."""
+    written, usage = _written(raw), raw.usage_metadata
+    if limit and usage and written < CONTEXT_FULL * limit:
+        prompt = int(usage["input_tokens"])
+        return ContextFull(
+            f"the reply was cut off at {written} tokens, below max_tokens {limit}: the "
+            f"server's context window was full ({prompt} prompt tokens + the reply); start "
+            "the server with a larger context (llama.cpp: --n_ctx) or send shorter chunks "
+            "(--max-chunk-chars)",
+            raw=shown(raw),
+        )
+    return output_error(CUT_OFF, raw)
+
+
+def schema_tokens(schema: type[BaseModel]) -> int:
+    """Tokens a reply of `schema` needs, with room: each field's allowance and JSON's framing."""
+    root = schema.model_json_schema()
+    return round(_tokens(root, root, 0) * 1.25) + 32
+
+
+def _tokens(node: Any, root: dict[str, Any], depth: int) -> float:
+    while isinstance(node, dict) and ("$ref" in node or "anyOf" in node):
+        if "$ref" in node:
+            node = root.get("$defs", {}).get(str(node["$ref"]).rsplit("/", 1)[-1], {})
+        else:
+            node = next((o for o in node["anyOf"] if o.get("type") != "null"), {})
+    kind = node.get("type") if isinstance(node, dict) else None
+    if depth > 6 or not isinstance(node, dict):
+        return 8
+    if kind == "object" or "properties" in node:
+        fields = node.get("properties") or {}
+        return 4 + sum(4 + _tokens(sub, root, depth + 1) for sub in fields.values())
+    if kind == "array":
+        items = int(node.get("maxItems", ARRAY_ITEMS))
+        return 2 + items * _tokens(node.get("items"), root, depth + 1)
+    if kind == "string":
+        longest = node.get("maxLength")
+        return 2 + (int(longest) / 3 if longest else STRING_TOKENS)
+    return 6
 
 
 def tolerant_json(text: str, raw: AIMessage | None = None) -> Any:
@@ -123,11 +176,15 @@ def with_schema(
     return [SystemMessage(content=note), *messages]
 
 
-DOWNGRADE = {
-    StructuredMethod.json_schema: StructuredMethod.json_mode,
-    StructuredMethod.function_calling: StructuredMethod.json_mode,
-    StructuredMethod.json_mode: StructuredMethod.prompt,
-}
+# The methods in the order they are tried: a refused method, or one whose replies keep
+# failing validation, gives way to the next untried one (then to an earlier untried one).
+ORDER = (
+    StructuredMethod.json_schema,
+    StructuredMethod.function_calling,
+    StructuredMethod.json_mode,
+    StructuredMethod.prompt,
+)
+OUTCOME_TRIES = 3  # replies of a method, none valid, before the next method is tried
 # The request fields each method adds: a refusal whose message names one blames the method.
 METHOD_FIELDS = {
     StructuredMethod.json_schema: ("response_format", "json_schema"),
@@ -157,17 +214,36 @@ def says_unsupported(method: StructuredMethod, exc: BaseException) -> bool:
 
 
 class MethodChoice:
-    """A stage's structured-output method: settled by its first call, switched once per cause.
+    """A stage's structured-output method: settled by its first call, switched by outcome.
 
     Until a call settles the method, calls go one at a time, so a refusal is met once and the
-    method switched once, not by every call in flight. A refusal met later (a proxy that
-    changed its mind) switches it again, once, and the new method is settled the same way.
+    method switched once, not by every call in flight. A method is left for the next untried
+    one when the endpoint refuses it (of any status: llama.cpp answers 500), or when its
+    first OUTCOME_TRIES replies all fail validation (a small model that echoes the schema
+    back in JSON mode may fill a tool call's arguments correctly).
     """
 
     def __init__(self, method: StructuredMethod) -> None:
         self.method = method
-        self.settled = method not in DOWNGRADE
+        self.tried = {method}
+        self.settled = self._next(method) is None
+        self.valid: dict[StructuredMethod, int] = {}
+        self.invalid: dict[StructuredMethod, int] = {}
         self._lock = asyncio.Lock()
+
+    def _next(self, method: StructuredMethod) -> StructuredMethod | None:
+        at = ORDER.index(method)
+        later = [m for m in (*ORDER[at + 1 :], *ORDER[:at]) if m not in self.tried]
+        return later[0] if later else None
+
+    def _switch(self, method: StructuredMethod) -> bool:
+        """Leave `method` for the next untried one; False when none is left."""
+        following = self._next(method)
+        if following is None:
+            return False
+        self.method, self.settled = following, False
+        self.tried.add(following)
+        return True
 
     @asynccontextmanager
     async def attempt(self) -> AsyncIterator[StructuredMethod]:
@@ -190,11 +266,17 @@ class MethodChoice:
             if held:
                 self._lock.release()
 
+    def outcome(self, method: StructuredMethod, valid: bool) -> bool:
+        """Book a reply under `method`; True when its replies failing switched the method."""
+        counts = self.valid if valid else self.invalid
+        counts[method] = counts.get(method, 0) + 1
+        failing = not self.valid.get(method) and self.invalid.get(method, 0) >= OUTCOME_TRIES
+        return not valid and failing and self.method == method and self._switch(method)
+
     def _failed(self, method: StructuredMethod, exc: Exception) -> None:
         if not says_unsupported(method, exc):
             self.settled = self.settled or self.method == method  # the method is not to blame
             return
-        if self.method == method:  # the first to meet this refusal switches, once
-            self.method = DOWNGRADE[method]
-            self.settled = self.method not in DOWNGRADE
+        if self.method == method and not self._switch(method):  # the first to meet it
+            return  # no method left: the refusal is the row's error
         raise MethodRefused(str(exc)) from exc

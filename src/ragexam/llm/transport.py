@@ -10,6 +10,10 @@ connection is reported as a timeout.
 
 Timeouts are the SDK's (RAGEXAM_TIMEOUT): to connect, between bytes read, and to get a
 connection from the pool. Redirects, retries and the SDK's headers are left to the SDK.
+
+The transport is an httpx2 one. openai 3.x speaks httpx2, and 2.47 and later take an httpx2
+client beside their own httpx one; openai 2.45 and 2.46 (the oldest that langchain-openai
+takes) speak httpx only, and there the SDK's own client serves instead of this one.
 """
 
 from __future__ import annotations
@@ -130,6 +134,21 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
             self._session = None
 
 
-def async_http_client(**options: Any) -> httpx2.AsyncClient:
-    """The SDK's default async client (its timeout and redirect defaults) over aiohttp."""
-    return openai.DefaultAsyncHttpxClient(transport=AiohttpTransport(), **options)
+def async_http_client(**options: Any) -> Any:
+    """The SDK's default async client (its timeout and redirect defaults) over aiohttp, where
+    the SDK takes an httpx2 client; else the SDK's own client, as it is."""
+    default: Any = openai.DefaultAsyncHttpxClient
+    if isinstance(default, type) and issubclass(default, httpx2.AsyncClient):  # openai 3.x
+        return default(transport=AiohttpTransport(), **options)
+    factory = getattr(openai, "DefaultAsyncHttpx2Client", None)  # openai 2.47 and later
+    if factory is not None:
+        return factory(transport=AiohttpTransport(), **options)
+    return default(**options)
+
+
+def client_kind(client: Any) -> str:
+    """Which HTTP stack a client is, for the manifest: aiohttp, or the SDK's own."""
+    transport = getattr(client, "_transport", None)
+    if isinstance(transport, AiohttpTransport):
+        return "aiohttp"
+    return f"openai {openai.__version__}'s own ({type(client).__module__.split('.')[0]})"

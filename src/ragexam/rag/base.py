@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ragexam.config import AnswerContext
-from ragexam.io.fingerprint import input_hash
+from ragexam.io.fingerprint import input_hash, text_hash
 from ragexam.store.chroma import StoreRef, get_chunks, release
 
 
@@ -29,21 +29,34 @@ class Hit:
 
 
 def ranks_of(
-    source_ids: Sequence[str], source_texts: Sequence[str | None], hits: Sequence[Hit]
+    source_ids: Sequence[str],
+    source_texts: Sequence[str | None],
+    hits: Sequence[Hit],
+    source_hashes: Sequence[str] = (),
 ) -> list[int | None]:
-    """Each source chunk's 1-based rank among hits (same id, or identical text), else None.
+    """Each source chunk's 1-based rank among hits (same id, or identical text: the store's, or
+    the exam's `chunk_hash` of it), else None.
 
     A hit counts for one source chunk at most, as trec_eval judges a retrieved document once:
     two sources of one text take two hits.
     """
+    hashes = list(source_hashes) + [""] * (len(source_ids) - len(source_hashes))
+    hit_hashes = (
+        [text_hash(hit.text) if hit.text is not None else None for hit in hits]
+        if any(hashes)
+        else [None] * len(hits)
+    )
     ranks: list[int | None] = []
     taken: set[int] = set()
-    for source_id, text in zip(source_ids, source_texts, strict=True):
+    for source_id, text, digest in zip(source_ids, source_texts, hashes, strict=True):
         rank = next(
             (
                 rank
-                for rank, hit in enumerate(hits, start=1)
-                if rank not in taken and (hit.id == source_id or _same_text(hit, text))
+                for rank, (hit, hit_hash) in enumerate(zip(hits, hit_hashes, strict=True), 1)
+                if rank not in taken
+                and (
+                    hit.id == source_id or _same_text(hit, text) or (digest and hit_hash == digest)
+                )
             ),
             None,
         )
@@ -66,6 +79,7 @@ class Question:
     text: str
     ground_truth: str = ""
     chunk_ids: tuple[str, ...] = ()  # every source chunk; empty: chunk_id alone, if any
+    chunk_hashes: tuple[str, ...] = ()  # of their texts, when the exam records them
 
     @property
     def sources(self) -> tuple[str, ...]:
@@ -85,6 +99,7 @@ class Sources:
 
     ids: tuple[str, ...]
     texts: tuple[str | None, ...]
+    hashes: tuple[str, ...] = ()  # of their texts, as the exam recorded them
 
     @property
     def first(self) -> str | None:
@@ -93,13 +108,13 @@ class Sources:
 
     def ranks(self, hits: Sequence[Hit]) -> list[int | None]:
         """Where each source chunk ranked among hits."""
-        return ranks_of(self.ids, self.texts, hits)
+        return ranks_of(self.ids, self.texts, hits, self.hashes)
 
 
 def sources_of(question: Question, texts: Mapping[str, str]) -> Sources:
     """The question's sources, with the texts found in `texts` (by id)."""
     ids = question.sources
-    return Sources(ids, tuple(texts.get(chunk_id) for chunk_id in ids))
+    return Sources(ids, tuple(texts.get(chunk_id) for chunk_id in ids), question.chunk_hashes)
 
 
 class RagSystem(ABC):

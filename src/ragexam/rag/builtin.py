@@ -6,8 +6,9 @@ from typing import Any
 
 from ragexam.config import Settings
 from ragexam.errors import ConfigError, RagexamError, RowError
-from ragexam.llm.client import LLM, describe
+from ragexam.llm.client import LLM
 from ragexam.llm.endpoint import EndpointMemory
+from ragexam.llm.failures import describe
 from ragexam.llm.prompts import Prompt, context_block, load_prompt
 from ragexam.rag.base import Hit, Question, RagSystem, source_ids, sources_of
 from ragexam.rag.embedders import make_embedder
@@ -57,10 +58,12 @@ class BuiltinRag(RagSystem):
         return [(q, sources_of(q, texts), h) for q, h in zip(batch, hits, strict=True)]
 
     async def preflight(self, first: list[Question]) -> None:
-        """Retrieve the first batch: the embedding works, and its dimension fits the collection.
+        """Check that queries are embedded as the store's chunks were, then retrieve the first
+        batch: the embedding works, and its dimension fits the collection.
 
         Its hits are kept for the run, so checking costs no extra round trip.
         """
+        await self.retriever.check_agreement()
         if first:
             self.ready[first[0].qa_id] = await self.retriever.retrieve([q.text for q in first])
 

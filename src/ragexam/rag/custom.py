@@ -1,13 +1,16 @@
-"""Bring your own RAG: load `module:callable` and turn what it returns into an answer and hits.
+"""Bring your own RAG: load `module:callable`, call it, and rank what it retrieved.
 
 The callable takes the question (a string) and returns the answer and the retrieved chunks,
-best first, as a `(answer, retrieved)` tuple or a mapping with `answer` (or `result`,
-`output`) and one of `retrieved`, `context`, `source_documents` or `documents`, as LangChain's
-retrieval chains return them. Retrieved chunks are ids (strings) or LangChain `Document`s. An
-answer alone (text, or a chat message such as an `AIMessage`) is an answer with no retrieved
-chunks. It may be a plain or async function or a LangChain Runnable; a Runnable whose input is a
-mapping gets the question under `input`, `question` or `query`. Plain functions run in worker
-threads, `--concurrency` at a time, and each call has `--rag-timeout` seconds to answer.
+best first, in any shape shapes.py reads (a tuple, LangChain's, LlamaIndex's or Haystack's
+results). It may be a plain or async function or a LangChain Runnable; a Runnable whose input
+is a mapping gets the question under `input`, `question` or `query`. Plain functions run in
+worker threads, `--concurrency` at a time, and each call has `--rag-timeout` seconds to answer.
+
+The first question is asked alone, before the others go out at once: it warms the user's
+system (Haystack's Chroma store opens its client on first use, and 16 first calls at once
+race), and it shows whether ragexam can see what was retrieved. A result with no retrieved
+chunks, in a shape ragexam cannot read, or with chunks it cannot match to the store, stops
+the stage there, saying what came back: every question would otherwise count as a miss.
 """
 
 from __future__ import annotations
@@ -17,18 +20,16 @@ import importlib
 import inspect
 import sys
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
-from ragexam.errors import ConfigError, RowError
-from ragexam.rag.base import Hit, RagSystem
+from ragexam.errors import ConfigError, RagShapeError, RowError
+from ragexam.rag.base import Hit, Question, RagSystem
+from ragexam.rag.shapes import RETRIEVED_KEYS, Got, read_result
 from ragexam.store.chroma import StoreRef
 from ragexam.store.deadline import DeadlineExceeded, await_with_deadline
 
-ANSWER_KEYS = ("answer", "result", "output")
-RETRIEVED_KEYS = ("retrieved", "context", "source_documents", "documents")
-ID_KEYS = ("id", "chunk_id", "_id")
 INPUT_KEYS = ("input", "question", "query")
 
 
@@ -79,7 +80,7 @@ def rag_name(rag: Any) -> str:
     return f"{getattr(rag, '__module__', '') or 'object'}:{name or type(rag).__name__}"
 
 
-async def call_rag(rag: Any, question: str, seconds: float) -> tuple[str, list[Hit]]:
+async def call_rag(rag: Any, question: str, seconds: float) -> Any:
     """Ask the user's RAG one question; what it raises, or not answering in time, is an error.
 
     A plain function runs in a daemon thread that is abandoned at the deadline, so a hung
@@ -93,7 +94,7 @@ async def call_rag(rag: Any, question: str, seconds: float) -> tuple[str, list[H
     except Exception as exc:
         message = " ".join(str(exc).split())[:300]
         raise RowError(f"the RAG callable raised {type(exc).__name__}: {message}") from None
-    return normalise(result)
+    return result
 
 
 def _invoke(rag: Any, question: str, seconds: float) -> Awaitable[Any]:
@@ -151,58 +152,6 @@ def _input_forms(rag: Any) -> list[str | None]:
     return named[:1] if named else [None, *INPUT_KEYS]
 
 
-def normalise(result: Any) -> tuple[str, list[Hit]]:
-    """(answer, hits) from a tuple or mapping of answer and retrieved chunks, or an answer alone."""
-    retrieved: Any = None
-    if isinstance(result, tuple) and len(result) == 2:
-        answer, retrieved = result
-    elif isinstance(result, Mapping):
-        answer = _first(result, ANSWER_KEYS)
-        retrieved = next((result[key] for key in RETRIEVED_KEYS if key in result), None)
-    elif _text(result) is not None:
-        answer = result
-    else:
-        raise RowError(
-            f"the RAG callable returned {type(result).__name__}; expected (answer, retrieved), "
-            "a mapping with 'answer' and 'retrieved', or the answer alone"
-        )
-    text = _text(answer)
-    if text is None:
-        raise RowError(f"the RAG callable's answer is {type(answer).__name__}, not text")
-    return text, [_hit(item) for item in retrieved or []]
-
-
-def _text(value: Any) -> str | None:
-    """Text from a str (or str subclass) or a chat message; None for anything else."""
-    if isinstance(value, str):
-        return str.__str__(value)
-    content = getattr(value, "content", None)
-    if isinstance(content, str):
-        return content
-    text = getattr(value, "text", None) if isinstance(content, list) else None
-    return str.__str__(text) if isinstance(text, str) else None
-
-
-def _first(result: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
-    for key in keys:
-        if key in result:
-            return result[key]
-    raise RowError(f"the RAG callable's result has none of the keys {', '.join(keys)}")
-
-
-def _hit(item: Any) -> Hit:
-    if isinstance(item, str):
-        return Hit(item, None)
-    text = getattr(item, "page_content", None)
-    if text is None:
-        raise RowError(f"a retrieved chunk is {type(item).__name__}, not an id or a Document")
-    metadata: Mapping[str, Any] = getattr(item, "metadata", None) or {}
-    chunk_id = getattr(item, "id", None) or next(
-        (str(metadata[key]) for key in ID_KEYS if metadata.get(key)), None
-    )
-    return Hit(chunk_id, text)
-
-
 class CustomRag(RagSystem):
     """The user's RAG callable, from `--rag module:callable`."""
 
@@ -212,15 +161,66 @@ class CustomRag(RagSystem):
         super().__init__(store, collection, k)
         self.rag, self.name, self.timeout = rag, spec, timeout
         self.model, self.prompt_hash = f"rag:{spec}", ""
+        self.ready: dict[str, tuple[Any, float]] = {}  # the first question's result, asked alone
+
+    async def preflight(self, first: list[Question]) -> None:
+        """Ask the first question alone: a warm-up, and a look at what comes back."""
+        if not first:
+            return
+        started = time.monotonic()
+        try:
+            result = await call_rag(self.rag, first[0].text, self.timeout)
+        except RowError:
+            return  # that question's own failure: its row says so, the others go on
+        self.ready[first[0].qa_id] = (result, round(time.monotonic() - started, 3))
+        try:
+            got = read_result(result)
+        except RowError as exc:
+            raise RagShapeError(f"--rag {self.name}: {exc}; {FIX}") from None
+        await self._check_visible(first[0], got)
+
+    async def _check_visible(self, question: Question, got: Got) -> None:
+        """Stop when no retrieved chunk could ever be matched to the question's source."""
+        if got.hits is None:
+            raise RagShapeError(
+                f"--rag {self.name} returned {got.shape}, with no retrieved chunks: every "
+                f"question would count as a miss; {FIX}"
+            )
+        if not got.hits or any(hit.text for hit in got.hits):
+            return
+        ids = [hit.id for hit in got.hits if hit.id is not None]
+        if not ids:
+            raise RagShapeError(
+                f"--rag {self.name} returned {got.shape}, whose retrieved chunks have neither "
+                f"an id nor a text: ragexam cannot tell which chunks they are; {FIX}"
+            )
+        if self.collection is not None and not await self.source_texts(ids):
+            shown = ", ".join(repr(chunk_id) for chunk_id in ids[:3])
+            raise RagShapeError(
+                f"--rag {self.name} returned {got.shape}, whose retrieved chunks' ids ({shown}) "
+                "are not ids of the store's chunks, and carry no text to match by: is it "
+                "reading another store or collection? Return the store's ids, or the chunks' texts"
+            )
 
     async def answer(self, payload: Any) -> dict[str, Any]:
         """Ask the callable; match what it retrieved against the source chunk."""
         question, sources = payload
-        started = time.monotonic()
-        answer, hits = await call_rag(self.rag, question.text, self.timeout)
-        latency = round(time.monotonic() - started, 3)
+        ready = self.ready.pop(question.qa_id, None)
+        if ready is None:
+            started = time.monotonic()
+            result = await call_rag(self.rag, question.text, self.timeout)
+            ready = (result, round(time.monotonic() - started, 3))
+        got = read_result(ready[0])
+        hits = got.hits or []
         missing = [hit.id for hit in hits if hit.text is None and hit.id is not None]
-        if missing and (any(sources.texts) or self.text_chars is not None):
+        wanted = any(sources.texts) or any(sources.hashes) or self.text_chars is not None
+        if missing and wanted:
             texts = await self.source_texts(missing)  # ids only: texts match duplicates
             hits = [Hit(hit.id, texts.get(hit.id or "", hit.text)) for hit in hits]
-        return {**self.row(answer, hits, sources), "latency_s": latency}
+        return {**self.row(got.answer, hits, sources), "latency_s": ready[1]}
+
+
+FIX = (
+    "return (answer, retrieved) or a mapping with 'answer' and one of "
+    f"{', '.join(RETRIEVED_KEYS)}, with the retrieved chunks best first (docs/frameworks.md)"
+)

@@ -17,8 +17,9 @@ import openai
 
 from ragexam.config import Settings, env_file_lent
 from ragexam.errors import ConfigError, EndpointError, StoreError
-from ragexam.llm.client import describe
+from ragexam.llm.failures import describe
 from ragexam.rag.keys import check_key_destination
+from ragexam.store.provenance import NAMES_DEFAULT_FUNCTION, built_by
 from ragexam.urls import mask_url
 
 
@@ -43,11 +44,20 @@ class CollectionEmbedder:
     def __init__(self, collection: Any, settings: Settings, trust: bool = False) -> None:
         with env_file_lent():  # the function reads its key variable from the environment
             function = collection.configuration.get("embedding_function")
+        tool = built_by(collection)
         if function is None:
+            why = "as LangChain stores have none" if tool == "LangChain" else "it was made "
+            why += "" if tool == "LangChain" else "with embedding_function=None"
             raise ConfigError(
                 f"collection {collection.name!r} has no embedding function stored with it "
-                "(stores built with LangChain have none): pass --embedding openai:MODEL with "
-                "the model the store was built with, or set RAGEXAM_EMBEDDING"
+                f"({why}): pass --embedding openai:MODEL with the model the store was built "
+                "with, or set RAGEXAM_EMBEDDING"
+            )
+        if tool in NAMES_DEFAULT_FUNCTION and _function_name(function) == "default":
+            raise ConfigError(
+                f"collection {collection.name!r} was built by {tool}, which stores Chroma's "
+                "default embedding function with it although its own embed model made the "
+                "vectors: pass --embedding openai:MODEL with the model the store was built with"
             )
         self.function = function
         self.name = f"collection:{_function_name(function)}"
@@ -116,8 +126,9 @@ class OpenAIEmbedder:
             raise ConfigError(
                 f"the embedding endpoint ({self.name}) returned one vector per token "
                 f"({len(per_token)} vectors for one question), not one per text: it does not "
-                "pool (llama.cpp's server without --pooling); start it with --pooling mean, or "
-                "use an embedding model that pools"
+                "pool: llama.cpp's own llama-server pools with --pooling mean; llama-cpp-python's "
+                "server has no such option, so serve the embedding model with llama-server, or "
+                "point RAGEXAM_EMBEDDING_BASE_URL at another embedding endpoint"
             )
         return vectors
 

@@ -1,16 +1,23 @@
 """Retrieval for the built-in RAG chain: embed questions in batches, query Chroma in batches.
 
-A query vector whose dimension differs from the collection's is an error naming both.
+A query vector whose dimension differs from the collection's is an error naming both. Before
+the first query, a few stored chunks are embedded as queries are: vectors that do not point
+where the stored ones do (another model, even of the same size) are refused, since every
+question would then be asked in the wrong space.
 """
 
 from __future__ import annotations
 
 import asyncio
+import statistics
 from typing import Any
 
 from ragexam.errors import ConfigError
 from ragexam.rag.base import Hit
 from ragexam.rag.embedders import Embedder
+
+AGREEMENT_SAMPLE = 4  # stored chunks embedded again before the first query
+AGREEMENT = 0.7  # cosine below which the query embedding is another model's (1.0: the same)
 
 
 def collection_dimension(collection: Any) -> int | None:
@@ -55,3 +62,45 @@ class Retriever:
                 f"but the collection's vectors have dimension {self.dimension}: pass the "
                 "--embedding the store was built with"
             )
+
+    async def check_agreement(self) -> None:
+        """Embed a few stored chunks as queries are, and compare with their stored vectors."""
+        try:
+            sample = await asyncio.to_thread(
+                self.collection.get, limit=AGREEMENT_SAMPLE, include=["documents", "embeddings"]
+            )
+        except Exception:  # a server that cannot return vectors: nothing to compare with
+            return
+        pairs = [
+            (text, stored)
+            for text, stored in zip(
+                sample.get("documents") or [], _listed(sample.get("embeddings")), strict=False
+            )
+            if text and stored is not None
+        ]
+        if not pairs:
+            return
+        vectors = await self.embedder.embed([text for text, _ in pairs])
+        self.check_dimension(vectors)
+        agreement = statistics.median(
+            cosine(made, stored) for made, (_, stored) in zip(vectors, pairs, strict=True)
+        )
+        if agreement < AGREEMENT:
+            raise ConfigError(
+                f"the query embeddings ({self.embedder.name}) are not the store's: "
+                f"{len(pairs)} stored chunks embedded again have cosine {agreement:.2f} with "
+                "their stored vectors (1.00 when one model made both), so every question would "
+                "be asked in another model's space: pass --embedding openai:MODEL with the model "
+                "the store was built with"
+            )
+
+
+def _listed(embeddings: Any) -> list[Any]:
+    return [] if embeddings is None else list(embeddings)
+
+
+def cosine(a: Any, b: Any) -> float:
+    """Cosine similarity of two vectors (0 when either is all zeros)."""
+    dot = sum(float(x) * float(y) for x, y in zip(a, b, strict=False))
+    norms = sum(float(x) ** 2 for x in a) ** 0.5 * sum(float(y) ** 2 for y in b) ** 0.5
+    return dot / norms if norms else 0.0

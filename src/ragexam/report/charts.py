@@ -12,6 +12,7 @@ from html import escape
 import pandas as pd
 
 from ragexam.analysis.summary import LOW_COMPLETENESS, LOW_CONCISENESS
+from ragexam.report.headline import too_few
 
 SCATTER_DOCUMENTS = 2000  # the largest documents; more dots would only hide each other
 # diagnosis -> (colour in the report, colour in the terminal)
@@ -41,28 +42,47 @@ def svg_text(x: float, y: float, text: str, attributes: str = "") -> str:
     return f'<text x="{x:.1f}" y="{y:.1f}" {attributes}>{escape(text)}</text>'
 
 
-def bars(documents: pd.DataFrame) -> str:
-    """Per document: completeness and conciseness bars with CI whiskers, and the diagnosis."""
-    left, scale, height = 330, 560, 34
-    parts = [_axis(left, scale, 22 + height * len(documents))]
+def bars(documents: pd.DataFrame, narrow: bool = False) -> str:
+    """Per document: completeness and conciseness bars with CI whiskers, and the diagnosis.
+
+    Narrow (a phone): each document's name on a line of its own, above its bars.
+    """
+    left, scale, height, label = (8, 220, 66, 36) if narrow else (330, 560, 34, 44)
+    first = 40 if narrow else 24
+    parts = [_axis(left, scale, first - 4 + height * len(documents))]
     for number, (_, row) in enumerate(documents.iterrows()):
-        top, name, diagnosis = 24 + number * height, str(row["document"]), str(row["diagnosis"])
-        short = name if len(name) <= 44 else "…" + name[-43:]
-        parts.append(svg_text(left - 10, top + 15, short, 'text-anchor="end"'))
+        top, name, diagnosis = first + number * height, str(row["document"]), str(row["diagnosis"])
+        short = name if len(name) <= label else "…" + name[-(label - 1) :]
+        if narrow:
+            parts.append(svg_text(0, top + 10, short))
+            top += 14
+        else:
+            parts.append(svg_text(left - 10, top + 15, short, 'text-anchor="end"'))
         parts.append(_bar(row, "completeness", left, scale, top + 2, "#3b6fb6"))
         parts.append(_bar(row, "conciseness", left, scale, top + 15, "#7fb3d5"))
-        x = left + scale + 30
+        x = left + scale + (14 if narrow else 30)
         parts.append(
             f'<circle cx="{x}" cy="{top + 13}" r="6" fill="{diagnosis_colour(diagnosis)}"/>'
         )
-        parts.append(svg_text(x + 12, top + 17, diagnosis))
-    for x, colour, label in (
+        parts.append(svg_text(x + 10, top + 17, diagnosis))
+        if too_few(int(row["questions"])):
+            few = f"{int(row['questions'])} questions: too few to read"
+            parts.append(
+                svg_text(
+                    x + 10 if not narrow else 0,
+                    top + 40 if narrow else top + 30,
+                    few,
+                    'fill="#9a6700"',
+                )
+            )
+    for x, colour, name in (
         (left, "#3b6fb6", "completeness"),
         (left + 120, "#7fb3d5", "conciseness"),
     ):
         parts.append(f'<rect x="{x}" y="4" width="10" height="10" fill="{colour}"/>')
-        parts.append(svg_text(x + 14, 13, label))
-    return svg(left + scale + 160, 44 + height * len(documents), parts, "bars per document")
+        parts.append(svg_text(x + 14, 13, name))
+    width = left + scale + (130 if narrow else 260)
+    return svg(width, first + 24 + height * len(documents), parts, "bars per document")
 
 
 def _axis(left: int, scale: int, bottom: int) -> str:
@@ -93,12 +113,13 @@ def _bar(row: pd.Series, metric: str, left: int, scale: int, y: float, colour: s
     )
 
 
-def histogram(overall: pd.Series, k: int) -> str:
+def histogram(overall: pd.Series, k: int, width: int = 460) -> str:
     """Answered questions per rank 1..k, then the misses: share above, count below."""
     labels = [*map(str, range(1, k + 1)), "miss"]
     counts = [int(overall[f"rank_{rank}"]) for rank in range(1, k + 1)] + [int(overall["missed"])]
-    total, tallest, bottom, step = max(sum(counts), 1), max(*counts, 1), 380, 420 / len(counts)
-    parts = [f'<line x1="20" y1="{bottom}" x2="440" y2="{bottom}" stroke="#8c959f"/>']
+    total, tallest, bottom = max(sum(counts), 1), max(*counts, 1), 380
+    step = (width - 40) / len(counts)
+    parts = [f'<line x1="20" y1="{bottom}" x2="{width - 20}" y2="{bottom}" stroke="#8c959f"/>']
     middle = 'text-anchor="middle"'
     for number, (label, count) in enumerate(zip(labels, counts, strict=True)):
         x, tall = 20 + number * step, 330 * count / tallest
@@ -113,12 +134,12 @@ def histogram(overall: pd.Series, k: int) -> str:
             parts.append(
                 svg_text(x + step / 2, bottom + 32, f"{count:,}", f'{middle} fill="#8c959f"')
             )
-    return svg(460, 420, parts, "rank histogram")
+    return svg(width, 420, parts, "rank histogram")
 
 
-def scatter(documents: pd.DataFrame) -> str:
+def scatter(documents: pd.DataFrame, size: int = 400) -> str:
     """Documents by mean completeness (x) and conciseness (y) over the diagnosis regions."""
-    size, pad = 400, 40
+    pad = 40
     parts = [_regions(size, pad)]
     judged = documents.dropna(subset=["completeness_mean", "conciseness_mean"])
     judged = judged.nlargest(SCATTER_DOCUMENTS, "questions")
@@ -142,7 +163,8 @@ def scatter(documents: pd.DataFrame) -> str:
         )
     middle = 'text-anchor="middle"'
     parts.append(svg_text(pad + size / 2, size + pad / 2 + 32, "completeness", middle))
-    parts.append(svg_text(12, 220, "conciseness", f'{middle} transform="rotate(-90 12 220)"'))
+    mid = pad / 2 + size / 2
+    parts.append(svg_text(12, mid, "conciseness", f'{middle} transform="rotate(-90 12 {mid})"'))
     for tick in (0, 0.5, 1):
         parts.append(svg_text(pad + tick * size, size + pad / 2 + 16, f"{tick:g}", middle))
         parts.append(

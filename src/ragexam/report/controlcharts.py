@@ -9,7 +9,9 @@ import pandas as pd
 from ragexam.analysis.controlruns import LOW_GOLD, PRIOR_KNOWLEDGE, RETRIEVAL_LOSS
 from ragexam.analysis.cutoffs import cutoffs_for
 from ragexam.report.charts import diagnosis_colour, svg, svg_text
+from ragexam.report.page import responsive
 
+TEXT_WIDTH = 7.2  # px per character of 12 px text, a little over the widest common font's
 # (column, label, colour) of the three bars per document
 RUNS = [
     ("completeness_gold", "gold context", "#2e9e6b"),
@@ -30,23 +32,36 @@ def sections(
             f"below {LOW_GOLD:g} is generation; a retrieval loss (gold minus RAG) of "
             f"{RETRIEVAL_LOSS:g} or more is retrieval."
         )
-        found.append(("Is it retrieval or generation? Measured", note, control_bars(by_document)))
+        chart = responsive(control_bars(by_document), control_bars(by_document, narrow=True))
+        found.append(("Is it retrieval or generation? Measured", note, chart))
     if f"hit_rate_at_{cutoffs_for(k)[0]}" in overall:
         note = "From the same answer run: the metrics if only the top C chunks had been retrieved."
         found.append(
-            ("Hit rate and MRR against the cutoff", note, cutoff_chart(overall.iloc[0], k))
+            (
+                "Hit rate and MRR against the cutoff",
+                note,
+                responsive(cutoff_chart(overall.iloc[0], k), cutoff_chart(overall.iloc[0], k, 240)),
+            )
         )
     return found
 
 
-def control_bars(documents: pd.DataFrame) -> str:
-    """Per document: gold, RAG and closed-book completeness side by side, and the diagnosis."""
-    left, scale, height = 330, 480, 46
-    parts = []
+def control_bars(documents: pd.DataFrame, narrow: bool = False) -> str:
+    """Per document: gold, RAG and closed-book completeness side by side, and the diagnosis.
+
+    The chart is as wide as its longest label needs; narrow (a phone), each document's name
+    and diagnosis go on lines of their own, above and below its bars.
+    """
+    left, scale, height = (0, 240, 82) if narrow else (330, 480, 46)
+    parts, widest = [], 0.0
     for number, row in enumerate(documents.to_dict("records")):
         top, name = 26 + number * height, str(row["document"])
         short = name if len(name) <= 44 else "…" + name[-43:]
-        parts.append(svg_text(left - 10, top + 20, short, 'text-anchor="end"'))
+        if narrow:
+            parts.append(svg_text(0, top + 10, short))
+            top += 16
+        else:
+            parts.append(svg_text(left - 10, top + 20, short, 'text-anchor="end"'))
         for place, (column, label, colour) in enumerate(RUNS):
             value, y = row[column], top + place * 13
             if pd.isna(value):
@@ -59,22 +74,22 @@ def control_bars(documents: pd.DataFrame) -> str:
                 svg_text(left + value * scale + 4, y + 10, f"{value:.2f}", 'font-size="10"')
             )
         loss, diagnosis = row.get("retrieval_loss"), str(row["diagnosis"])
-        x = left + scale + 50
-        parts.append(
-            f'<circle cx="{x}" cy="{top + 18}" r="6" fill="{diagnosis_colour(diagnosis)}"/>'
-        )
-        shown = "" if pd.isna(loss) else f" · retrieval loss {loss:+.2f}"
-        parts.append(svg_text(x + 12, top + 22, diagnosis + shown))
+        text = diagnosis + ("" if pd.isna(loss) else f" · retrieval loss {loss:+.2f}")
+        x, y = (6, top + 50) if narrow else (left + scale + 50, top + 18)
+        parts.append(f'<circle cx="{x}" cy="{y}" r="6" fill="{diagnosis_colour(diagnosis)}"/>')
+        parts.append(svg_text(x + 12, y + 4, text))
+        widest = max(widest, x + 12 + TEXT_WIDTH * len(text))
     for place, (_, label, colour) in enumerate(RUNS):
-        x = left + place * 120
+        x = left + place * (90 if narrow else 120)
         parts.append(f'<rect x="{x}" y="4" width="10" height="10" fill="{colour}"/>')
         parts.append(svg_text(x + 14, 13, label))
-    return svg(left + scale + 230, 36 + height * len(documents), parts, "control runs per document")
+    width = max(left + scale + 40, widest + 10)
+    return svg(width, 36 + height * len(documents), parts, "control runs per document")
 
 
-def cutoff_chart(overall: pd.Series, k: int) -> str:
+def cutoff_chart(overall: pd.Series, k: int, width: int = 440) -> str:
     """Hit rate and MRR at each cutoff C <= k, as two lines over C on a 0-1 scale."""
-    cutoffs, width, height, pad = cutoffs_for(k), 440, 280, 40
+    cutoffs, height, pad = cutoffs_for(k), 280, 40
     step = (width - 2 * pad) / max(len(cutoffs) - 1, 1)
     bottom, span = height - 60, height - 60 - pad // 2
     parts = _cutoff_axes(width, bottom, span, pad)

@@ -20,6 +20,7 @@ from ragexam.io.atomic import atomic_file
 from ragexam.report import drilldown, kinds, marked, page
 from ragexam.report.charts import bars, histogram, scatter
 from ragexam.report.controlcharts import sections as measured_sections
+from ragexam.report.headline import FEW_QUESTIONS, headline, too_few
 
 REPORT_DOCUMENTS = 30
 
@@ -31,7 +32,9 @@ body{margin:0;background:#f4f5f7;color:#1f2328;
  font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif}
 main{max-width:1180px;margin:0 auto;padding:28px 24px 60px}
 h1{font-size:28px;margin:0 0 4px}h2{font-size:19px;margin:0 0 6px}
-.context{color:#57606a;margin:0 0 20px}.note{color:#57606a;margin:0 0 12px;font-size:13.5px}
+.context{color:#57606a;margin:0 0 10px}.lead{font-size:17px;margin:0 0 18px;max-width:62em}
+.narrow{display:none}details.judge>summary{cursor:pointer}
+details.judge[open]>summary{margin-bottom:12px}.note{color:#57606a;margin:0 0 12px;font-size:13.5px}
 section,.pair>div,.card{background:#fff;border-radius:10px;box-shadow:0 1px 3px #0000001f}
 section{overflow-x:auto;padding:18px 20px;margin:0 0 18px}.pair>div{padding:18px 20px}
 .cards,.pair{display:grid;gap:14px;background:none;box-shadow:none;padding:0}
@@ -52,14 +55,17 @@ dl{display:grid;grid-template-columns:max-content 1fr;gap:6px 14px;margin:0 0 14
 .card dl{gap:1px 10px;margin:0;font-size:13.5px}.card dt{text-align:right;font-weight:600}
 .card dd{color:#57606a}
 """
-# Phones: cards in two columns, charts stacked at their own size (text stays 12 px) and
-# scrolled inside their card, tables scrolled inside their section: the page never overflows.
+# Phones: cards in two columns, each chart in its narrow drawing (text stays 12 px), and each
+# table row stacked as lines of "header value": neither the page nor a section overflows.
 PHONE = """
 @media (max-width:720px){main{padding:16px 10px 40px}h1{font-size:22px}
-section{padding:14px 12px}.pair>div{padding:14px 12px;min-width:0;overflow-x:auto}
+section{padding:14px 12px}.pair>div{padding:14px 12px;min-width:0}
 .cards{grid-template-columns:1fr 1fr}.cards>.card:last-child{grid-column:1/-1}
-.pair{grid-template-columns:minmax(0,1fr)}svg{max-width:none}
-.doc{min-width:9em}.text{min-width:14em}}
+.pair{grid-template-columns:minmax(0,1fr)}.wide{display:none}.narrow{display:block}
+table,tbody,tr,td{display:block}thead{display:none}tr{padding:6px 0;border-bottom:1px solid #d0d7de}
+td,td.n{border:none;padding:2px 0;text-align:left;white-space:normal}
+td[data-label]::before{content:attr(data-label);display:inline-block;min-width:8em;
+ color:#57606a;font-size:12.5px}.doc,.text{min-width:0;max-width:none}}
 """
 # No fetch and no script may run: the page is static, and a hostile text that escaping somehow
 # missed still could not act.
@@ -79,8 +85,9 @@ def write_report(result: StatsResult, path: Path) -> Path:
         page.section(
             "Documents, worst completeness first",
             f"The {len(documents)} documents with the lowest completeness: mean and 95% "
-            "confidence interval of each judge score, and the diagnosis.",
-            bars(documents),
+            "confidence interval of each judge score, and the diagnosis; a document of fewer "
+            f"than {FEW_QUESTIONS} questions is marked: its figures are too noisy to read.",
+            page.responsive(bars(documents), bars(documents, narrow=True)),
         ),
         _pair(result),
         *(
@@ -130,8 +137,10 @@ def _every_question(result: StatsResult) -> str:
 
 
 def _header(result: StatsResult) -> str:
+    """The title, what the run was, and the opening sentence: what to fix first."""
     context = " · ".join(f"{escape(key)}: {escape(value)}" for key, value in result.context.items())
-    return f'<h1>RAG report card</h1><p class="context">{context}</p>'
+    lead = f'<p class="lead">{escape(headline(result))}</p>'
+    return f'<h1>RAG report card</h1><p class="context">{context}</p>{lead}'
 
 
 def _cards(overall: pd.Series) -> str:
@@ -154,10 +163,15 @@ def _pair(result: StatsResult) -> str:
     return (
         '<section class="pair"><div><h2>Where the source chunk ranked</h2>'
         f'<p class="note">Every answered question; a miss is a rank beyond k={result.k}.</p>'
-        f"{histogram(result.overall.iloc[0], result.k)}</div>"
+        + page.responsive(
+            histogram(result.overall.iloc[0], result.k),
+            histogram(result.overall.iloc[0], result.k, 330),
+        )
+        + "</div>"
         '<div><h2>Completeness against conciseness</h2><p class="note">One dot per document, '
         "sized by its questions and coloured by its diagnosis, over the diagnosis regions.</p>"
-        f"{scatter(result.by_document)}</div></section>"
+        + page.responsive(scatter(result.by_document), scatter(result.by_document, 270))
+        + "</div></section>"
     )
 
 
@@ -179,6 +193,8 @@ def _documents(documents: pd.DataFrame) -> str:
     for _, row in documents.iterrows():
         cells = [page.cell(escape(str(row["document"])), "doc")]
         cells += [page.cell(str(row[name])) for name in counts]
+        if too_few(int(row["questions"])):
+            cells[1] = page.cell(f"{row['questions']}<small>too few to read</small>")
         cells += [
             page.cell(f"{page.number(row[mean])}<small>{page.ci(row, name)}</small>")
             for name, mean, _ in page.MEANS

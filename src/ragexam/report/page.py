@@ -5,6 +5,7 @@ Every text that reaches these is escaped by the caller or here; cells are HTML a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from html import escape
 from typing import Any
@@ -21,6 +22,7 @@ MEANS = [
     ("mrr", "mrr", "MRR"),
 ]
 DASH = "\u2013"  # between the bounds of an interval
+TOOLTIP = re.compile(r"<title>.*?</title>", re.DOTALL)
 
 
 def number(value: Any) -> str:
@@ -36,10 +38,27 @@ def ci(row: pd.Series, name: str) -> str:
 
 
 def table(headers: list[str], rows: Iterable[list[str]]) -> str:
-    """A table; cells are HTML already: the callers escape every text."""
+    """A table; cells are HTML already: the callers escape every text. Each cell carries its
+    header (`data-label`), which a phone shows beside it when the rows stack."""
     head = "".join(f"<th>{escape(header)}</th>" for header in headers)
-    body = "".join(f"<tr>{''.join(row)}</tr>" for row in rows)
+    labels = [f'<td data-label="{escape(header)}"' for header in headers]
+    body = "".join(
+        "<tr>"
+        + "".join(
+            cell.replace("<td", labels[i], 1) if i < len(labels) else cell
+            for i, cell in enumerate(row)
+        )
+        + "</tr>"
+        for row in rows
+    )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def responsive(wide: str, narrow: str) -> str:
+    """A chart drawn twice: for a screen, and narrower for a phone (CSS shows one). The
+    phone's has no tooltips: nothing hovers there, and each figure stays once in the page."""
+    narrow = TOOLTIP.sub("", narrow)
+    return f'<div class="wide">{wide}</div><div class="narrow">{narrow}</div>'
 
 
 def cell(html: str, kind: str = "n") -> str:

@@ -62,8 +62,12 @@ def controls_panel(verdict: Verdict | None, hint: bool = True) -> str:
     if verdict.failures:
         content += '<h2 style="margin-top:16px">The worst failures</h2>' + _failures(verdict)
     line = escape(verdict.message())
-    if verdict.trusted:
-        return page.section(TITLE, HOW, f"<p><b>{line}</b></p>{content}{after}")
+    if verdict.trusted:  # one line; the controls behind it on a click
+        return (
+            f'<section><details class="judge"><summary><b>{escape(TITLE)}</b> Yes: '
+            f"{escape(verdict.short())}"
+            f'</summary><p class="note">{escape(HOW)}</p>{content}{after}</details></section>'
+        )
     return (
         f'<section class="warning" style="{WARNING_STYLE}"><h2>{escape(TITLE)}</h2>'
         f'<p style="color:#d1242f"><b>{line}</b></p><p class="note">{escape(HOW)}</p>'

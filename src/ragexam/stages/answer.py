@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from itertools import islice
@@ -18,12 +19,15 @@ from ragexam.options import DEFAULT_K, Given
 from ragexam.rag.base import Question, RagSystem
 from ragexam.rag.builtin import BuiltinRag
 from ragexam.rag.custom import CustomRag, rag_name, rag_object
+from ragexam.rag.embedders import make_embedder
 from ragexam.rag.given import GivenContext
+from ragexam.rag.retrieval import Retriever
 from ragexam.stages.runner import RunSettings, Stage, StageResult, Task, execute
 from ragexam.stages.session import Session
 from ragexam.stages.setup import identity, store_ref
-from ragexam.store.chroma import StoreRef, open_collection
+from ragexam.store.chroma import StoreRef, existing_ids, open_collection, release
 
+logger = logging.getLogger("ragexam")
 ANSWER_COLUMNS: tuple[str, ...] = ("answer", "retrieved_ids", "target_rank", "target_ranks")
 ANSWER_COLUMNS += ("k", "rag", "context", "embedding")
 TEXT_COLUMNS = ("retrieved_texts", "source_text")  # what the answerer saw; off with --no-texts
@@ -35,14 +39,16 @@ PREFETCH = 2  # batches retrieved ahead of the workers
 def read_questions(path: Path) -> tuple[list[Question], int]:
     """The `ok` questions of a qa_dataset.csv (ours or hand-made), and the count skipped."""
     rows = read_rows(path, QA_REQUIRED, key="qa_id", filled=("question", "ground_truth_answer"))
+    if not rows:
+        raise InputFileError(path, "holds no questions, only its header: nothing to answer")
     questions, skipped = [], 0
     for row in rows:
         if row.get("status", "ok") not in ("ok", ""):
             skipped += 1
             continue
-        ground_truth = row.get("ground_truth_answer", "")
-        sources = _chunk_ids(path, row)
-        question = Question(row["qa_id"], row["chunk_id"], row["question"], ground_truth, sources)
+        truth, sources = row.get("ground_truth_answer", ""), _chunk_ids(path, row)
+        hashes = tuple((row.get("chunk_hash") or "").split())
+        question = Question(row["qa_id"], row["chunk_id"], row["question"], truth, sources, hashes)
         questions.append(question)
     return questions, skipped
 
@@ -76,6 +82,7 @@ def run_answer(settings: Settings, given: Given, session: Session) -> StageResul
     exam_of = identity(store, collection) if store is not None else None
     if exam_of is not None:
         folder.check(exam_of)
+        check_sources(collection, questions)
     system = _system(settings, given, store, collection, rag, session)
     system.text_chars = given.store.max_chunk_chars if asked.texts else None
     plan = AnswerPlan(system, list(islice(questions, given.calls.limit)))
@@ -98,6 +105,57 @@ def run_answer(settings: Settings, given: Given, session: Session) -> StageResul
         folder.claim(exam_of)
     outcome = execute(stage, plan, record, how, session)
     return StageResult(outcome, stage.path, skipped)
+
+
+def check_inputs(settings: Settings, given: Given, session: Session) -> None:
+    """What `answer` would refuse, found before `run` pays for the exam: the --rag module,
+    the store, and that its chunks are embedded as the questions will be."""
+    asked = given.answering
+    if asked.rag not in (None, ""):
+        rag_object(asked.rag)
+        return
+    if asked.context != AnswerContext.retrieved:
+        return
+    store = store_ref(given, settings, session)
+    collection = open_collection(store)
+    try:
+        asyncio.run(_check_embedding(settings, given, collection))
+    finally:
+        release(store)
+
+
+async def _check_embedding(settings: Settings, given: Given, collection: Any) -> None:
+    trust = given.store.trust_store_endpoint
+    embedder = make_embedder(settings.embedding, collection, settings, trust)
+    try:
+        await Retriever(collection, embedder, DEFAULT_K).check_agreement()
+    finally:
+        await embedder.aclose()
+
+
+def check_sources(collection: Any, questions: list[Question]) -> None:
+    """Say when the exam's chunk ids are not in the store, as after it was built again.
+
+    LangChain and LlamaIndex draw new ids on every ingestion: such a source chunk is found by
+    its text when the exam kept its hash (`chunk_hash`), and is otherwise never found.
+    """
+    ids = [chunk_id for question in questions for chunk_id in question.sources]
+    missing = set(ids) - existing_ids(collection, ids)
+    if not missing:
+        return
+    lost = [q for q in questions if set(q.sources) & missing and not q.chunk_hashes]
+    said = f"{len(missing)} of {len(set(ids))} of the exam's chunk ids are not in the store"
+    if lost:
+        logger.warning(
+            f"{said} (was it built again since the exam was written?), and {len(lost)} of "
+            "their questions have no chunk_hash to find their source by its text: they will "
+            "count as misses; write the exam again with this version (ragexam generate)"
+        )
+    else:
+        logger.warning(
+            f"{said} (was it built again since the exam was written?): their source chunks "
+            "are found by their text (the exam's chunk_hash)"
+        )
 
 
 def needs_store(given: Given) -> bool:

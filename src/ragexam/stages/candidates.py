@@ -20,7 +20,7 @@ from typing import Any
 
 from ragexam.analysis.sampling import allocate
 from ragexam.io.cells import MULTI_HOP, UNANSWERABLE
-from ragexam.io.fingerprint import input_hash
+from ragexam.io.fingerprint import input_hash, text_hash
 from ragexam.store.chroma import Chunk, document_of, iter_chunks, nearest_elsewhere
 
 TRIES = 3  # candidates drawn per question asked: verification drops some
@@ -55,6 +55,7 @@ class Candidate:
             "chunk_id": sources[0] if sources else "",
             "kind": self.kind,
             "chunk_ids": json.dumps(sources, ensure_ascii=False),
+            "chunk_hash": " ".join(text_hash(chunk.text) for chunk in self.chunks if sources),
             "document": first.document,
             "truncated": any(len(chunk.text) > max_chars for chunk in self.chunks),
             "chunk_chars": sum(len(chunk.text) for chunk in self.chunks),

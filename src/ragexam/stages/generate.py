@@ -19,7 +19,7 @@ from ragexam.config import Settings
 from ragexam.errors import RowError
 from ragexam.io.cells import MULTI_HOP, SINGLE, UNANSWERABLE
 from ragexam.io.csvfile import read_rows
-from ragexam.io.fingerprint import input_hash
+from ragexam.io.fingerprint import input_hash, text_hash
 from ragexam.io.runfolder import RunFolder
 from ragexam.llm.client import LLM, Reply
 from ragexam.llm.prompts import Prompt, load_prompt
@@ -29,7 +29,13 @@ from ragexam.stages.harder import harder_for
 from ragexam.stages.runner import RunSettings, Stage, StageResult, Task, execute
 from ragexam.stages.session import Session
 from ragexam.stages.setup import identity, store_ref
-from ragexam.store.chroma import StoreRef, check_doc_key, iter_chunks, open_collection, release
+from ragexam.store.chroma import (
+    StoreRef,
+    check_doc_key,
+    iter_chunks,
+    open_collection,
+    release,
+)
 
 QA_COLUMNS = (
     "chunk_id",
@@ -42,6 +48,8 @@ QA_COLUMNS = (
     "language",
     "truncated",
     "chunk_chars",
+    "chunk_hash",
+    "temperature",
     "split",
     "flags",
     "link",
@@ -92,15 +100,32 @@ def run_generate(settings: Settings, given: Given, session: Session) -> StageRes
     folder.check(exam)
     sampling = sampling_of(given)
     check_resume(folder.path, folder.qa_dataset, sampling)
-    check_doc_key(collection, given.exam.doc_key)
+    used = check_doc_key(collection, given.exam.doc_key)
+    session.observer.note(_named_by(used))
     plan = GeneratePlan(settings, given, store, collection, session)
+    plan.doc_key_used = used
+    fixed = {"temperature": plan.temperature}  # part of the fingerprint: another exam else
     stage = Stage(
-        "generate", folder.qa_dataset, "qa_id", QA_COLUMNS, plan.llm.model, plan.prompt.hash
+        "generate",
+        folder.qa_dataset,
+        "qa_id",
+        QA_COLUMNS,
+        plan.llm.model,
+        plan.prompt.hash,
+        fixed,
+        legacy=fixed,  # older versions recorded no temperature: theirs is not a difference
     )
     how = RunSettings(folder.path, settings.concurrency, given.calls.force, settings.redact)
     folder.claim(exam)
     outcome = execute(stage, plan, plan.manifest(settings), how, session)
     return StageResult(outcome, stage.path, notes=tuple(plan.notes()))
+
+
+def _named_by(used: str | None) -> str:
+    """Which metadata field names the documents, said once: the report groups by it."""
+    if used is None:
+        return "documents: the chunks have no metadata, so all are one document, (unknown)"
+    return f"documents are named by the metadata field {used!r} (--doc-key chooses)"
 
 
 def sampling_of(given: Given) -> Sampling:
@@ -120,13 +145,16 @@ class GeneratePlan:
         self.max_chunk_chars, self.sampling = given.store.max_chunk_chars, sampling_of(given)
         self.prompt: Prompt = load_prompt("generate", settings.prompts_dir)
         self.critic = load_prompt("critic", settings.prompts_dir) if given.exam.check else None
+        self.temperature = given.exam.exam_temperature  # 0: the server's default would vary
         self.llm = LLM(
             settings,
             settings.model_for("generate"),
+            temperature=self.temperature,
             max_tokens=settings.max_tokens_for("generate"),
             memory=session.endpoints,
         )
         self.seen: set[str] = set()  # normalised questions written so far, for duplicates
+        self.doc_key_used: str | None = None
         self.harder = harder_for(settings, given, collection, session, self.llm)
 
     def tasks(self, done: set[str]) -> tuple[int, AsyncIterator[Task]]:
@@ -159,7 +187,7 @@ class GeneratePlan:
         wanted = min(count, self.limit or count)
         chunks = islice(iter_chunks(self.collection, self.doc_key), self.limit)
         left = max(wanted - len(done), 0)
-        return left, _tasks(chunks, done, self.max_chunk_chars)
+        return left, _tasks(chunks, done, self.max_chunk_chars, None, self.temperature)
 
     def _sampled(self, done: set[str]) -> tuple[int, Iterator[Task]]:
         """List the chunks without their texts, draw the sample and splits, then read the texts."""
@@ -174,7 +202,7 @@ class GeneratePlan:
         wanted = {chunk_id for chunk_id, _ in selected}
         chunks = (c for c in iter_chunks(self.collection, self.doc_key) if c.id in wanted)
         left = sum(qa_id_for(chunk_id) not in done for chunk_id in wanted)
-        return left, _tasks(chunks, done, self.max_chunk_chars, splits)
+        return left, _tasks(chunks, done, self.max_chunk_chars, splits, self.temperature)
 
     def inputs(self) -> Mapping[str, str]:
         """The input hash of every chunk this run wants: its text as sent, and its document."""
@@ -241,6 +269,7 @@ class GeneratePlan:
         return {
             "calls": self.llm.calls,
             "structured_output": self.llm.method.value,
+            "http_client": self.llm.http,
             "tokens_billed": {"prompt": self.llm.tokens[0], "completion": self.llm.tokens[1]},
             **(self.harder.figures() if self.harder is not None else {}),
         }
@@ -267,17 +296,23 @@ class GeneratePlan:
             "options": {
                 "limit": self.limit,
                 "doc_key": self.doc_key,
+                "doc_key_used": self.doc_key_used,
                 "max_chunk_chars": self.max_chunk_chars,
                 "sampling": self.sampling.record(),
                 "check": self.critic is not None,
                 "multi_hop": self.harder_asked(MULTI_HOP),
                 "unanswerable": self.harder_asked(UNANSWERABLE),
+                "temperature": self.temperature,
             },
         }
 
 
 def _tasks(
-    chunks: Iterator[Any], done: set[str], max_chars: int, splits: dict[str, str] | None = None
+    chunks: Iterator[Any],
+    done: set[str],
+    max_chars: int,
+    splits: dict[str, str] | None = None,
+    temperature: float = 0.0,
 ) -> Iterator[Task]:
     for chunk in chunks:
         qa_id = qa_id_for(chunk.id)
@@ -291,7 +326,9 @@ def _tasks(
             "document": chunk.document,
             "truncated": len(chunk.text) > max_chars,
             "chunk_chars": len(chunk.text),
+            "chunk_hash": text_hash(chunk.text),
             "split": (splits or {}).get(chunk.id),
+            "temperature": temperature,
             "input_hash": input_hash(text, chunk.document),
         }
         yield Task(qa_id, known, text)

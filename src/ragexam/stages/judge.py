@@ -247,6 +247,7 @@ class JudgePlan:
         return {
             "calls": self.llm.calls,
             "structured_output": self.llm.method.value,
+            "http_client": self.llm.http,
             "tokens_billed": {"prompt": self.llm.tokens[0], "completion": self.llm.tokens[1]},
         }
 

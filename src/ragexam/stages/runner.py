@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ragexam.errors import (
     AuthError,
-    EndpointError,
     LLMError,
     OutputFileError,
     RagexamError,
@@ -24,7 +24,7 @@ from ragexam.errors import (
 )
 from ragexam.io.csvfile import read_rows
 from ragexam.io.fingerprint import changed_inputs, stale_rows
-from ragexam.io.manifest import manifest_room, update_manifest
+from ragexam.io.manifest import manifest_room, set_run_field, update_manifest
 from ragexam.io.rowlog import RowLog
 from ragexam.llm.pacing import Traffic
 
@@ -46,6 +46,7 @@ RUN_COLUMNS = (
 )
 AUTH_FAILURES_TO_STOP = 3
 RAW_LIMIT = 2000
+REASON_LIMIT = 300  # characters of an error reason the summary counts and shows
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,8 @@ class Outcome:
     seconds: float = 0.0
     reasons: dict[str, int] = field(default_factory=dict)
     learned_rpm: int | None = None  # the endpoint's rate limit, learned from its 429s
+    advised_rpm: int | None = None  # --rpm to pace under it: never below what was admitted
+    carried: bool = False  # the limit was learned before this stage, and paced from
 
     def record(self) -> dict[str, Any]:
         """The figures that go into the manifest."""
@@ -168,6 +171,8 @@ class Runner:
         ok: dict[str, Mapping[str, Any]] = {}
         position: dict[str, int] = {}  # of each key's ok row in the file
         rows = self.log.load(self._resume_columns())
+        if not self.log.path.exists():  # a stage with nothing to do still writes its file
+            self.log.rewrite([])
         for at, row in enumerate(rows):
             key = row[self.stage.key]
             if row["status"] == "ok":
@@ -231,14 +236,14 @@ class Runner:
             values = await work(task)
             if values is None:
                 return None
-        except EndpointError:
-            raise  # every row would fail the same way: stop the stage
         except AuthError as exc:
             self._auth_failures += 1
             if self._auth_failures >= AUTH_FAILURES_TO_STOP:
                 raise AuthError(self.redact(str(exc))) from None
             return self._error_row(exc)
         except RagexamError as exc:
+            if exc.stops_stage:
+                raise  # every row would fail the same way: stop the stage
             return self._error_row(exc)
         return {**values, "status": "ok", "error": None}
 
@@ -262,7 +267,7 @@ class Runner:
             self.outcome.ok += 1
         else:
             self.outcome.errors += 1
-            reason = str(row["error"])[:80]
+            reason = str(row["error"])[:REASON_LIMIT]  # whole: the summary wraps it, never cuts
             self.outcome.reasons[reason] = self.outcome.reasons.get(reason, 0) + 1
         self.outcome.prompt_tokens += int(row.get("prompt_tokens") or 0)
         self.outcome.completion_tokens += int(row.get("completion_tokens") or 0)
@@ -332,7 +337,12 @@ def execute(
         manifest_room(how.out),
         session.observer.progress(label) as progress,
     ):
-        return _execute(stage, plan, record, how, progress)
+        try:
+            return _execute(stage, plan, record, how, progress)
+        finally:
+            if session.endpoints.rates:  # for the next stage's command on this folder
+                with suppress(OutputFileError):
+                    set_run_field(how.out, "endpoints", session.endpoints.saved())
 
 
 def _execute(
@@ -366,6 +376,8 @@ def _execute(
         raise
     finally:
         runner.outcome.learned_rpm = traffic.learned_rpm
+        runner.outcome.advised_rpm = traffic.advised_rpm()
+        runner.outcome.carried = traffic.carried_rpm is not None
         figures = {**plan.figures(), **runner.outcome.record(), **traffic.record()}
         try:
             final = {**record, **figures, "status": status}

@@ -13,7 +13,18 @@ from ragexam.store.deadline import DeadlineExceeded, call_with_deadline
 from ragexam.store.snapshot import Snapshots
 from ragexam.urls import mask_url, parse_http_url
 
-DEFAULT_DOC_KEYS = ("source", "document", "doc_id", "file_path", "filename", "title")
+# File names before ids: LlamaIndex's `doc_id` is a new uuid on every ingestion (one per page of
+# a PDF), where `file_path` and `file_name` name the file; "None" is what it stores without one.
+DEFAULT_DOC_KEYS = (
+    "source",
+    "document",
+    "file_path",
+    "file_name",
+    "filename",
+    "title",
+    "doc_id",
+)
+NO_VALUE = (None, "", "None")
 UNKNOWN_DOCUMENT = "(unknown)"
 # A Chroma server's own defaults (chromadb.config's, named here so that naming them loads nothing)
 DEFAULT_TENANT, DEFAULT_DATABASE = "default_tenant", "default_database"
@@ -226,11 +237,11 @@ def _name(item: Any) -> str:
 
 
 def document_of(metadata: Mapping[str, Any] | None, doc_key: str | None) -> str:
-    """The source document of a chunk: `doc_key`, else the first default key present."""
+    """The source document of a chunk: its `doc_key` field, else the first default key present."""
     metadata = metadata or {}
     for key in (doc_key,) if doc_key else DEFAULT_DOC_KEYS:
         value = metadata.get(key)
-        if value not in (None, ""):
+        if value not in NO_VALUE:
             return str(value)
     return UNKNOWN_DOCUMENT
 
@@ -254,26 +265,37 @@ def iter_chunks(
         offset += page_size
 
 
-def check_doc_key(collection: Any, doc_key: str | None) -> None:
-    """Stop before any call when the first page's chunks lack the key that names documents."""
+def check_doc_key(collection: Any, doc_key: str | None) -> str | None:
+    """The field that names documents: `doc_key`, else the first default key the first page
+    has (None when its chunks have no metadata); stop before any call when they lack it."""
     page = collection.get(limit=PAGE_SIZE, include=["metadatas"])
-    metadatas = page["metadatas"] or []
+    metadatas = [meta or {} for meta in page["metadatas"] or []]
     keys = (doc_key,) if doc_key else DEFAULT_DOC_KEYS
-    if any(key in (meta or {}) for meta in metadatas for key in keys):
-        return
-    present = sorted({key for meta in metadatas for key in (meta or {})})
+    found = [key for key in keys if any(meta.get(key) not in NO_VALUE for meta in metadatas)]
+    if found:
+        return found[0]
+    present = sorted(
+        {key for meta in metadatas for key, value in meta.items() if _user_field(key, value)}
+    )
     if doc_key:
         raise StoreError(
             f"no chunk has the metadata field {doc_key!r} given by --doc-key; "
             f"fields present: {', '.join(present) or 'none'}"
         )
-    if present:  # without any field, every chunk is one unknown document, and nothing else fits
-        texts = [key for key in present if any(isinstance(m.get(key), str) for m in metadatas if m)]
-        raise StoreError(
-            f"no chunk has a metadata field that names its document ({', '.join(keys)}), so "
-            f"every chunk would be {UNKNOWN_DOCUMENT}; fields present: {', '.join(present)}: "
-            f"pass --doc-key FIELD, e.g. --doc-key {(texts or present)[0]}"
-        )
+    texts = [key for key in present if any(isinstance(meta.get(key), str) for meta in metadatas)]
+    if not present:  # without any field, every chunk is one unknown document
+        return None
+    raise StoreError(
+        f"no chunk has a metadata field that names its document ({', '.join(keys)}), so "
+        f"every chunk would be {UNKNOWN_DOCUMENT}; fields present: {', '.join(present)}: "
+        f"pass --doc-key FIELD, e.g. --doc-key {(texts or present)[0]}"
+    )
+
+
+def _user_field(key: str, value: Any) -> bool:
+    """A field the user could name documents by: not a framework's own (LlamaIndex's
+    `_node_content`), and not its "None" for a node made without a document."""
+    return not key.startswith("_") and value not in NO_VALUE
 
 
 def get_chunks(collection: Any, ids: list[str]) -> dict[str, str]:
@@ -316,3 +338,12 @@ def nearest_elsewhere(
         if partner is not None:
             partners[chunk_id] = partner
     return partners
+
+
+def existing_ids(collection: Any, ids: list[str]) -> set[str]:
+    """Those of `ids` that are records of the collection, looked up a page at a time."""
+    unique, found = list(dict.fromkeys(ids)), set()
+    for start in range(0, len(unique), PAGE_SIZE):
+        page = collection.get(ids=unique[start : start + PAGE_SIZE], include=[])
+        found.update(page["ids"])
+    return found

@@ -1,0 +1,51 @@
+"""What a failed call means: its one-line reason, whether a 429 means "not now", and how long
+the server asked to wait."""
+
+from __future__ import annotations
+
+import openai
+
+from ragexam.llm.endpoint import root_cause
+
+MAX_RETRY_AFTER = 120.0
+
+
+def describe(exc: BaseException) -> str:
+    """A one-line reason for a failed call."""
+    if isinstance(exc, openai.APIStatusError):
+        message = exc.message
+        body = exc.body
+        if isinstance(body, dict) and isinstance(body.get("message"), str):
+            message = body["message"]
+        text = f"HTTP {exc.status_code}: {message}"
+    elif isinstance(exc, openai.APITimeoutError):
+        text = "the call timed out (RAGEXAM_TIMEOUT)"
+    elif isinstance(exc, openai.APIConnectionError):
+        text = f"cannot connect to the endpoint: {root_cause(exc)}"
+    else:
+        text = str(exc) or type(exc).__name__
+    return " ".join(text.split())[:500]
+
+
+def rate_limited(exc: BaseException) -> bool:
+    """A 429 that means "not now", as opposed to insufficient_quota, which means "no"."""
+    if not isinstance(exc, openai.RateLimitError):
+        return False
+    body = exc.body if isinstance(exc.body, dict) else {}
+    return "insufficient_quota" not in (getattr(exc, "code", None), body.get("code"))
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """Seconds the server asked us to wait (Retry-After / retry-after-ms), if it said."""
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None)
+    if headers is None:
+        return None
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is not None:
+            try:
+                return min(max(float(value) * scale, 0.0), MAX_RETRY_AFTER)
+            except ValueError:
+                continue  # an HTTP date: rare from LLM servers, fall back to backoff
+    return None

@@ -1,0 +1,74 @@
+"""The report's opening sentence: how good the answers are, where they break, what to try first.
+
+Drawn from the summary alone (compute once, render many): the overall row for how good, the
+diagnoses of the documents for where, and, when control runs were made, their measured
+retrieval loss, the strongest evidence the tool has of what to fix.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ragexam.analysis.summary import StatsResult
+
+FEW_QUESTIONS = 10  # a document's figures on fewer questions than this are too noisy to read
+TRY = {
+    "retrieval": "retrieve better first: more chunks (--k), another embedding model, or reranking",
+    "generation": "improve the answers first: a stronger answer model, or a prompt that keeps "
+    "to the context",
+    "too much context": "trim the context first: fewer chunks (--k), or reranking",
+    "prior_knowledge": "write harder questions first: these are answered without retrieval",
+    "ok": "nothing urgent: look at the worst questions below",
+    "not judged": "run judge: no answer is graded yet",
+}
+
+
+def headline(result: StatsResult) -> str:
+    """One sentence, or two when the judge failed its controls."""
+    row = result.overall.iloc[0]
+    completeness = row.get("completeness_mean")
+    if pd.isna(completeness):
+        return "No answer is graded yet: run answer and judge, then stats."
+    sentence = (
+        f"Answers are {completeness:.0%} complete, and the source chunk is retrieved for "
+        f"{row['hit_rate']:.0%} of {int(row['questions']):,} questions; {_where(result)}; "
+        f"{TRY.get(str(row['diagnosis']), TRY['ok'])}."
+    )
+    controls = result.controls
+    if controls is not None and not controls.trusted:
+        failed = f"{controls.passed_total}/{controls.total}"
+        return f"Read these grades with care: the judge passed only {failed} of its controls. " + (
+            sentence
+        )
+    return sentence
+
+
+def _where(result: StatsResult) -> str:
+    """Where it breaks: the measured retrieval loss if any, and the worst documents."""
+    row, documents = result.overall.iloc[0], result.by_document
+    parts = []
+    loss = row.get("retrieval_loss")
+    if loss is not None and not pd.isna(loss):
+        gold = row["completeness_gold"]
+        parts.append(
+            f"retrieval loss {loss:.2f} (the source chunk handed over gives {gold:.0%} complete "
+            f"answers, the retrieved chunks {row['completeness_mean']:.0%})"
+        )
+    broken = documents[~documents["diagnosis"].isin(("ok", "not judged"))]
+    readable = broken[broken["questions"] >= FEW_QUESTIONS]
+    if len(readable):
+        worst = readable.iloc[0]
+        parts.append(
+            f"{len(broken)} of {len(documents)} documents need work, worst {worst['document']} "
+            f"({worst['diagnosis']}, {worst['completeness_mean']:.0%} complete)"
+        )
+    elif len(broken):
+        parts.append(f"{len(broken)} of {len(documents)} documents need work")
+    else:
+        parts.append("no document stands out")
+    return "; ".join(parts)
+
+
+def too_few(questions: int) -> bool:
+    """A document whose figures rest on too few questions to read."""
+    return questions < FEW_QUESTIONS
