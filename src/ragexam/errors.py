@@ -14,6 +14,7 @@
     ├── EndpointError         an endpoint cannot be reached or refuses every call (exit 4)
     ├── GateFailed            a quality gate (--fail-under, --fail-on-regression) failed (exit 3)
     ├── TooManyErrors         the run finished, with more error rows than allowed (exit 1)
+    ├── BatchPending          --batch-dir: requests wait for results; rerun then (exit 75)
     └── RunFolderBusy         another ragexam process is writing to the run folder
 
 Each class says its exit code in `exit_code` (the design's "Exit codes").
@@ -30,6 +31,7 @@ class RagexamError(Exception):
     """Base class: an expected failure with a message that says what to do next."""
 
     exit_code = 2  # bad input or usage, unless a subclass says otherwise
+    label = "Error"  # how the command line introduces the message
 
 
 class ConfigError(RagexamError):
@@ -129,6 +131,13 @@ class TooManyErrors(RagexamError):
             f"{errors} of {total} rows ({share:.1%}) ended in error, above --max-error-rate "
             f"{limit:g}; the reasons are in the error column of {path}; rerun to retry them"
         )
+
+
+class BatchPending(RagexamError):
+    """Requests wait for results under --batch-dir: a pause, not a failure (EX_TEMPFAIL)."""
+
+    exit_code = 75
+    label = "Waiting"
 
 
 class RunFolderBusy(RagexamError):

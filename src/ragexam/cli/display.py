@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import (
@@ -16,6 +16,7 @@ from rich.progress import (
     Progress,
     ProgressColumn,
     Task,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -26,6 +27,7 @@ from rich.text import Text
 from ragexam.report.text import printable
 
 if TYPE_CHECKING:
+    from ragexam.llm.batchapi import BatchView
     from ragexam.llm.pacing import Traffic
     from ragexam.llm.prices import RunCost
     from ragexam.stages.dryrun import Estimate
@@ -103,15 +105,58 @@ def traffic_text(traffic: Traffic | None) -> str:
 
 
 class TrafficColumn(ProgressColumn):
-    """What the calls meet: retries, 429s, and the longest wait under way."""
+    """What the calls meet: retries, 429s, and the longest wait under way; for a batch, its
+    age and the endpoint's deadline; on the batch road, what the stage does now."""
 
     def __init__(self, progress: BarProgress) -> None:
         super().__init__()
         self.progress = progress
 
     def render(self, task: Task) -> Text:
-        """The traffic counters, read live."""
+        """The traffic counters (or the batch's times), read live."""
+        view = task.fields.get("batch")
+        if view is not None:
+            return Text(batch_times(view), style="cyan")
+        if self.progress.note:
+            return Text(self.progress.note, style="cyan")
         return Text(traffic_text(self.progress.traffic), style="yellow")
+
+
+class CountColumn(ProgressColumn):
+    """Rows in error, or a batch's failed requests."""
+
+    def render(self, task: Task) -> Text:
+        """The count, in red."""
+        if task.fields.get("batch") is not None:
+            return Text(f"{task.fields['errors']} failed", style="red")
+        return Text(f"{task.fields['errors']} errors", style="red")
+
+
+def batch_times(view: BatchView, now: float | None = None) -> str:
+    """A batch's age, and the endpoint's own deadline: `4m12s elapsed, expires in 23h55m`."""
+    now = time.time() if now is None else now
+    parts = [f"{_span(now - view.created_at)} elapsed"]
+    if view.expires_at and not view.ended:
+        parts.append(f"expires in {_span(view.expires_at - now)}")
+    return ", ".join(parts)
+
+
+def batch_line(view: BatchView) -> str:
+    """One batch in one line, for logs."""
+    done = view.completed + view.failed
+    return f"{view.id} {view.status}: {done}/{view.total} answered, {view.failed} failed, " + (
+        batch_times(view)
+    )
+
+
+def _span(seconds: float) -> str:
+    """4m12s, 23h55m, 9s."""
+    seconds = max(int(seconds), 0)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 class BarProgress:
@@ -126,7 +171,7 @@ class BarProgress:
             TextColumn("{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("[red]{task.fields[errors]} errors"),
+            CountColumn(),
             RateColumn(),
             TrafficColumn(self),
             TimeElapsedColumn(),
@@ -136,12 +181,30 @@ class BarProgress:
         self.label, self.errors, self.started = label, 0, False
         self.task = self.bar.add_task(label, errors=0, start=False)
         self.traffic: Traffic | None = None
+        self.note = ""  # on the batch road: what the stage does now
+        self.views: dict[str, BatchView] = {}
+        self._batch_tasks: dict[str, TaskID] = {}
         self._stop = threading.Event()
         self._began = time.monotonic()
 
     def watch(self, traffic: Traffic) -> None:
         """Show these counters of the stage's calls."""
         self.traffic = traffic
+
+    def batches(self, views: Sequence[BatchView], note: str) -> None:
+        """A line per batch in flight (its state, requests answered and failed, its times)."""
+        self.note = note
+        for view in views:
+            self.views[view.id] = view
+            description = f"  {view.id[:18]} {view.status}"
+            done, total = view.completed + view.failed, view.total or None
+            if view.id not in self._batch_tasks:
+                self._batch_tasks[view.id] = self.bar.add_task(
+                    description, total=total, completed=done, batch=view, errors=view.failed
+                )
+            task = self._batch_tasks[view.id]
+            self.bar.update(task, description=description, completed=done, total=total)
+            self.bar.update(task, batch=view, errors=view.failed)
 
     def stop(self) -> None:
         """Take the bar down, or end the plain lines."""
@@ -159,8 +222,12 @@ class BarProgress:
         done, total = int(task.completed), "?" if task.total is None else int(task.total)
         rate = done / max(time.monotonic() - self._began, 1e-9)
         parts = [f"{done}/{total} rows", f"{self.errors} errors", f"{rate:.1f} rows/s"]
-        parts += [traffic_text(self.traffic)] if self.traffic else []
-        return f"{self.label}: {', '.join(parts)}"
+        parts += [traffic_text(self.traffic)] if self.traffic and not self.note else []
+        parts += [self.note] if self.note else []
+        ended = [view for view in self.views.values() if view.ended]
+        live = [batch_line(view) for view in self.views.values() if not view.ended]
+        parts += [f"{len(ended)} batches ended"] if ended else []
+        return "; ".join([f"{self.label}: {', '.join(parts)}", *live])
 
     def start(self, total: int | None, done_before: int) -> None:
         """Show the bar; rows already done are mentioned, not counted."""
@@ -211,6 +278,8 @@ def summary_line(stage: str, result: StageResult, skipped_note: str | None = Non
             f"(--rpm {outcome.learned_rpm} paces under it from the first call)",
             wrap=True,
         )
+    if outcome.batch:
+        say(f"  {batch_summary(outcome.batch)}", wrap=True)
     if outcome.redone:
         say(f"  {outcome.redone} rows redone: their input changed since they were made")
     if outcome.quarantined:
@@ -220,6 +289,17 @@ def summary_line(stage: str, result: StageResult, skipped_note: str | None = Non
         say(f"  {count} x {reason}")
     if skipped_note:
         say(f"  {skipped_note}")
+
+
+def batch_summary(batch: dict[str, Any]) -> str:
+    """What the batch road did: requests sent, results merged, and how long the batches took."""
+    sent, merged = f"{batch['requests']:,} requests sent", f"{batch['results_merged']:,} merged"
+    if batch["mode"] == "dir":
+        waiting = f"; {batch['waiting']:,} wait for results" if batch["waiting"] else ""
+        return f"batch files: {sent} to {batch['folder']}/requests, {merged}{waiting}"
+    took = f", the batches took {_span(batch['seconds'])}" if batch["seconds"] else ""
+    rounds = f" in {batch['rounds']} rounds" if batch["rounds"] > 1 else ""
+    return f"batches: {batch['batches']} made, {sent}, {merged}{rounds}{took}"
 
 
 def cost_text(cost: float | None) -> str:
@@ -245,14 +325,25 @@ def run_cost_line(cost: RunCost) -> str:
 
 
 def show_estimates(estimates: list[Estimate]) -> None:
-    """What --dry-run found, a line per stage, and the total."""
+    """What --dry-run found, a line per stage, and the total (at the batch rate beside the
+    sync one, with --batch)."""
     for e in estimates:
+        cost = cost_text(e.cost_usd)
+        if e.batched:
+            cost = f"{cost_text(e.batch_cost_usd)} in batches ({cost} sync)"
         say(
             f"{e.stage}: {e.rows} rows to do, {e.calls} calls, ~{e.input_tokens:,} tokens in + "
-            f"~{e.output_tokens:,} out, {cost_text(e.cost_usd)} ({e.model})"
+            f"~{e.output_tokens:,} out, {cost} ({e.model})"
         )
-    costs = [e.cost_usd for e in estimates]
     if len(estimates) > 1:
-        total = None if None in costs else sum(c or 0.0 for c in costs)
-        say(f"total: {sum(e.calls for e in estimates)} calls, {cost_text(total)}")
+        total = cost_text(_sum(e.priced for e in estimates))
+        if any(e.batched for e in estimates):
+            total = f"{total} in batches ({cost_text(_sum(e.cost_usd for e in estimates))} sync)"
+        say(f"total: {sum(e.calls for e in estimates)} calls, {total}")
     say("dry run: no call was made")
+
+
+def _sum(costs: Iterable[float | None]) -> float | None:
+    """The total, or None when any is unknown."""
+    known = list(costs)
+    return None if None in known else sum(cost or 0.0 for cost in known)

@@ -18,6 +18,7 @@ QA_FILE = "qa_dataset.csv"
 ANSWERS_FILE = "answers.csv"
 JUDGMENTS_FILE = "judgments.csv"
 CONTROLS_FILE = "judge_controls.csv"
+BATCHES_DIR = "batches"  # the batch road's ledgers, request shards, results and carry
 # `run --control-runs` answers and grades in these folders, each answerer given this context
 CONTROL_RUNS = {"gold": AnswerContext.gold, "closed_book": AnswerContext.none}
 
@@ -59,6 +60,23 @@ class RunFolder:
     def controls(self) -> Path:
         """The judge's known-answer controls."""
         return self.path / CONTROLS_FILE
+
+    def batch_tag(self, stage: str) -> str:
+        """The stage's name on the batch road: `judge`, or `gold.judge` in a control run.
+
+        It prefixes every custom_id and shard name, so that the stages and control runs of one
+        run can share a --batch-dir.
+        """
+        parent = self.parent_run()
+        return f"{self.path.name}.{stage}" if parent is not None else stage
+
+    def batch_ledger(self, stage: str) -> Path:
+        """The stage's batch ledger: every shard, batch and result file, as they happen."""
+        return self.path / BATCHES_DIR / f"{self.batch_tag(stage)}.jsonl"
+
+    def batch_files(self, stage: str) -> Path:
+        """Where the stage's shards, downloaded results and carried results are kept."""
+        return self.path / BATCHES_DIR / self.batch_tag(stage)
 
     def file(self, name: str) -> Path:
         """Any other file of the folder, by name (report.html, calibration.csv...)."""

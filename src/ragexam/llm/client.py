@@ -29,10 +29,12 @@ from pydantic import BaseModel
 
 from ragexam.config import Settings, StructuredMethod, SystemRole
 from ragexam.errors import AuthError, LLMError, OutputError
+from ragexam.llm import deferred
 from ragexam.llm.endpoint import EndpointMemory, ModelCheck, Reachability, ReplyBound, root_cause
 from ragexam.llm.pacing import Pacer, estimate_tokens
 from ragexam.llm.prompts import system_as_user
 from ragexam.llm.replies import InvalidReply, NoAnswer, check_reply
+from ragexam.llm.requests import Requests
 from ragexam.llm.structured import (
     CUT_OFF,
     MethodChoice,
@@ -55,6 +57,7 @@ RETRYABLE = (
     openai.ConflictError,
     OutputError,
     InvalidReply,
+    deferred.Unanswered,  # a batch line that never ran
 )
 MAX_RETRY_AFTER = 120.0
 MAX_RATE_LIMIT_BACKOFF = 60.0
@@ -137,6 +140,7 @@ class LLM:
         self.rate_limit_wait = settings.rate_limit_wait
         self.reachability = Reachability(settings.openai_base_url, self.redact)
         self.tokens = [0, 0]  # prompt and completion tokens of every call, failed ones too
+        self.requests = Requests(settings.openai_base_url)  # what each call sends, as bytes
         self._runnables: dict[tuple[type[BaseModel], StructuredMethod], Runnable[Any, Any]] = {}
 
     @property
@@ -162,7 +166,8 @@ class LLM:
         async def once() -> tuple[M, AIMessage]:
             async with self.choice.attempt() as method:
                 runnable = self._structured_runnable(schema, method)
-                raw = await runnable.ainvoke(self._shape(with_schema(conversation, schema, method)))
+                shaped = self._shape(with_schema(conversation, schema, method))
+                raw = await self._send(runnable, shaped, (schema, method))
             assert isinstance(raw, AIMessage)
             try:
                 return parse_structured(raw, schema), raw
@@ -170,14 +175,14 @@ class LLM:
                 conversation[:] = reask(messages, exc)
                 raise
 
-        return await self._retrying(once, estimate_tokens(messages))
+        return await self._retrying(once, messages)
 
     async def text(self, messages: list[BaseMessage]) -> Reply[str]:
         """Ask for plain text; a reply cut off at max_tokens is re-asked, shorter."""
         conversation = list(messages)
 
         async def once() -> tuple[str, AIMessage]:
-            raw = await self.chat.ainvoke(self._shape(conversation))
+            raw = await self._send(self.chat, self._shape(conversation), "text")
             assert isinstance(raw, AIMessage)
             if raw.response_metadata.get("finish_reason") == "length":
                 exc = output_error(CUT_OFF, raw)
@@ -185,10 +190,21 @@ class LLM:
                 raise exc
             return content_of(raw), raw
 
-        return await self._retrying(once, estimate_tokens(messages))
+        return await self._retrying(once, messages)
 
     def _shape(self, messages: list[BaseMessage]) -> list[BaseMessage]:
         return system_as_user(messages) if self.system_as_user else messages
+
+    async def _send(
+        self, runnable: Runnable[Any, Any], messages: list[BaseMessage], shape: Any
+    ) -> Any:
+        """One HTTP call: to the endpoint, or on the batch road, to the row's batch result."""
+        row = deferred.current()
+        if row is None:
+            return await runnable.ainvoke(messages)
+        url, body = await self.requests.build((shape, self.bound.field), runnable, messages)
+        answer = row.answer(url, body)  # or Deferred: the request goes out in a batch
+        return await deferred.reply_of(self.chat, runnable, messages, url, answer)
 
     def _structured_runnable(
         self, schema: type[BaseModel], method: StructuredMethod
@@ -220,12 +236,14 @@ class LLM:
         return self.chat.bind(extra_body={**extra, "response_format": format_})
 
     async def _retrying(
-        self, once: Callable[[], Awaitable[tuple[T, AIMessage]]], estimate: int = 0
+        self, once: Callable[[], Awaitable[tuple[T, AIMessage]]], messages: list[BaseMessage]
     ) -> Reply[T]:
         row = _Row(time.monotonic())
         await self.model_check.once(self.chat.root_async_client)
+        batch = deferred.current()  # a batch line: no pacing, no waiting, no window to adapt
+        estimate = estimate_tokens(messages) if batch is None else 0
         while True:
-            number = await self.pacer.acquire(estimate)
+            number = await self.pacer.acquire(estimate) if batch is None else 0
             row.calls += 1
             limited, delay = False, 0.0
             try:
@@ -246,15 +264,18 @@ class LLM:
                 latency, tokens = time.monotonic() - row.started, row.tokens
                 return Reply(value, tokens[0], tokens[1], row.calls, latency, content_of(raw))
             finally:
-                self.pacer.release(number, limited=limited, wait=delay)
-            self.pacer.traffic.wait(delay)
-            await asyncio.sleep(delay)
+                if batch is None:
+                    self.pacer.release(number, limited=limited, wait=delay)
+            if batch is None:  # a batch line's retry goes out in a later batch: no wait here
+                self.pacer.traffic.wait(delay)
+                await asyncio.sleep(delay)
 
     def _after_failure(self, exc: Exception, row: _Row, limited: bool) -> float:
         """Book one failed attempt; the wait before the next, or raise when the row is done."""
         self._count(row.tokens, getattr(exc, "raw_message", None))
         row.raw = getattr(exc, "raw", None) or row.raw
-        self.reachability.failed(exc)
+        if deferred.current() is None:  # a batch result came from a reachable endpoint
+            self.reachability.failed(exc)
         if limited:
             delay = retry_after(exc)
             if delay is None:
@@ -286,12 +307,20 @@ class LLM:
         return True
 
     def _count(self, tokens: list[int], raw: AIMessage | None) -> None:
-        """Add one attempt's usage to the row's tokens and to this model's totals."""
+        """Add one attempt's usage to the row's tokens and to this model's totals.
+
+        On the batch road, a result read again (a row replayed to its next call) was billed
+        when this run, or an earlier one, first read it: the row counts it, the totals not.
+        """
+        batch = deferred.current()
+        billed = batch is None or batch.fresh
+        if batch is not None and batch.fresh:
+            self.pacer.traffic.calls += 1  # a batch line answered: one call made
         usage = raw.usage_metadata if raw is not None else None
         if usage:
             for index, used in enumerate((usage["input_tokens"], usage["output_tokens"])):
                 tokens[index] += used
-                self.tokens[index] += used
+                self.tokens[index] += used if billed else 0
 
     def _failure(self, exc: Exception, attempt: int, tokens: list[int]) -> tuple[str, float]:
         """What one failed attempt means: its reason and the wait before the next, or raise."""

@@ -26,6 +26,8 @@ import openai
 import yarl
 from aiohttp.helpers import get_env_proxy_for_url
 
+from ragexam.llm.deferred import RoutableTransport
+
 DEFAULTS = openai.DEFAULT_CONNECTION_LIMITS  # at most 1000 connections, idle ones kept 5 s
 # aiohttp's timeouts, by the httpx2 timeout the SDK reports them as: the most specific first.
 TIMEOUTS: list[tuple[type[BaseException], type[httpx2.TimeoutException]]] = [
@@ -131,5 +133,9 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
 
 
 def async_http_client(**options: Any) -> httpx2.AsyncClient:
-    """The SDK's default async client (its timeout and redirect defaults) over aiohttp."""
-    return openai.DefaultAsyncHttpxClient(transport=AiohttpTransport(), **options)
+    """The SDK's default async client (its timeout and redirect defaults) over aiohttp.
+
+    A route set in context (deferred.routed: the batch road) answers its requests instead.
+    """
+    transport = RoutableTransport(AiohttpTransport())
+    return openai.DefaultAsyncHttpxClient(transport=transport, **options)

@@ -18,7 +18,8 @@ from ragexam.rag.base import Question, RagSystem
 from ragexam.rag.builtin import BuiltinRag
 from ragexam.rag.custom import CustomRag, rag_name, rag_object
 from ragexam.rag.given import GivenContext
-from ragexam.stages.runner import RunSettings, Stage, StageResult, Task, execute
+from ragexam.stages.batch import run_settings
+from ragexam.stages.runner import Stage, StageResult, Task, execute
 from ragexam.stages.session import Session
 from ragexam.stages.setup import identity, store_ref
 from ragexam.store.chroma import StoreRef, open_collection
@@ -76,7 +77,7 @@ def run_answer(settings: Settings, given: Given, session: Session) -> StageResul
         "qa_dataset": str(exam.resolve()),
         "skipped": skipped,
     }
-    how = RunSettings(folder.path, settings.concurrency, given.calls.force, settings.redact)
+    how = run_settings(given, settings)
     outcome = execute(stage, plan, record, how, session)
     return StageResult(outcome, stage.path, skipped)
 

@@ -19,8 +19,9 @@ from ragexam.io.runfolder import RunFolder
 from ragexam.llm.client import LLM, Reply
 from ragexam.llm.prompts import Prompt, load_prompt
 from ragexam.options import Given
+from ragexam.stages.batch import run_settings
 from ragexam.stages.flags import Critique, cheap_flags, critic_flags, join_flags, normalise
-from ragexam.stages.runner import RunSettings, Stage, StageResult, Task, execute
+from ragexam.stages.runner import Stage, StageResult, Task, execute
 from ragexam.stages.session import Session
 from ragexam.stages.setup import identity, store_ref
 from ragexam.store.chroma import StoreRef, check_doc_key, iter_chunks, open_collection, release
@@ -70,7 +71,7 @@ def run_generate(settings: Settings, given: Given, session: Session) -> StageRes
     stage = Stage(
         "generate", folder.qa_dataset, "qa_id", QA_COLUMNS, plan.llm.model, plan.prompt.hash
     )
-    how = RunSettings(folder.path, settings.concurrency, given.calls.force, settings.redact)
+    how = run_settings(given, settings)
     outcome = execute(stage, plan, plan.manifest(settings), how, session)
     return StageResult(outcome, stage.path)
 

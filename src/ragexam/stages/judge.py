@@ -32,9 +32,9 @@ from ragexam.io.runfolder import RunFolder
 from ragexam.llm.client import LLM, Reply
 from ragexam.llm.prompts import Delimited, Prompt, load_prompt
 from ragexam.options import Given
+from ragexam.stages.batch import run_settings
 from ragexam.stages.runner import (
     Outcome,
-    RunSettings,
     Stage,
     StageResult,
     Task,
@@ -212,7 +212,7 @@ def _execute(
         "settings": settings.public(),
         **{name: str(path.resolve()) for name, path in zip(INPUTS, inputs(given), strict=True)},
     }
-    how = RunSettings(given.out, settings.concurrency, given.calls.force, settings.redact)
+    how = run_settings(given, settings)
     return execute(stage, plan, record, how, session)
 
 

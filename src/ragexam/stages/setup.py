@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pydantic import SecretStr
+
 from ragexam.config import Settings, Stage, load_settings
 from ragexam.errors import ConfigError
 from ragexam.io.runfolder import Identity
@@ -21,7 +23,7 @@ def settings_for(given: Given, *stages: Stage) -> Settings:
     """The settings of these stages: each one's model is --model, when given."""
     calls, store = given.calls, given.store
     models: dict[str, Any] = {f"{stage}_model": calls.model for stage in stages}
-    return load_settings(
+    settings = load_settings(
         concurrency=calls.concurrency,
         max_error_rate=calls.max_error_rate,
         rpm=calls.rpm,
@@ -32,6 +34,14 @@ def settings_for(given: Given, *stages: Stage) -> Settings:
         chroma_database=store.chroma_database,
         **models,
     )
+    if calls.batch_dir is not None and not (settings.openai_api_key or settings.openai_base_url):
+        # --batch-dir sends no chat call: the requests it writes need no key (vLLM's run-batch
+        # reads them offline). Retrieval through an endpoint still needs one, and says so.
+        settings = settings.model_copy(update={"openai_api_key": SecretStr(NO_KEY)})
+    return settings
+
+
+NO_KEY = "not-needed-for-batch-dir"
 
 
 def store_ref(given: Given, settings: Settings, session: Session) -> StoreRef:
