@@ -13,7 +13,18 @@ from typing import Any
 import openai
 import pytest
 from openai_server import FakeOpenAI
-from support import custom_key, exam, grade, ledger_events, number, read_csv, run_cli, wait_until
+from support import (
+    build_store,
+    custom_key,
+    docs,
+    exam,
+    grade,
+    ledger_events,
+    number,
+    read_csv,
+    run_cli,
+    wait_until,
+)
 
 from ragexam.cli import display
 from ragexam.io import batchfiles
@@ -310,3 +321,23 @@ def test_what_cannot_be_batched_is_refused_in_one_line(
     errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and says in errors[0]
     assert not batch_env.batch_requests and batch_env.count() == 0
+
+
+def test_run_with_control_runs_batches_every_stage(batch_env: FakeOpenAI, tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", docs(6))
+    batch_env.embedding_dim = 16
+    result = run_cli(
+        "run", "--chroma", str(store), "--out", "run", "--embedding", "openai:e",
+        "--controls", "1", "--control-runs", "--batch",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert batch_env.count() == 0  # every chat call went in a batch
+    tags = Counter(line.custom_id.split("~")[0] for line in batch_env.batch_requests)
+    assert tags == {
+        "generate": 6, "answer": 6, "judge": 6, "judge_controls": 4,
+        "gold.answer": 6, "gold.judge": 6, "closed_book.answer": 6, "closed_book.judge": 6,
+    }  # fmt: skip
+    for folder in ("run", "run/gold", "run/closed_book"):
+        rows = read_csv(tmp_path / folder / "judgments.csv")
+        assert len(rows) == 6 and all(row["status"] == "ok" for row in rows)
+    assert (tmp_path / "run" / "summary.csv").exists()

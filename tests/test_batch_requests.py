@@ -154,7 +154,7 @@ def test_answer_and_generate_bodies_match_too(roads: FakeOpenAI, tmp_path: Path)
         batch = ["--batch"] if road == "batch" else []
         out = str(tmp_path / road)
         common = ["--chroma", str(store), "--out", out, *batch]
-        assert run_cli("generate", *common).exit_code == 0
+        assert run_cli("generate", *common, "--check").exit_code == 0  # a critic call after each
         generated = bodies(roads, road)
         clear(roads)
         answered = run_cli("answer", *common, "--embedding", "openai:e")
@@ -165,5 +165,6 @@ def test_answer_and_generate_bodies_match_too(roads: FakeOpenAI, tmp_path: Path)
             "qa": rows(Path(out) / "qa_dataset.csv"),
             "answers": rows(Path(out) / "answers.csv"),
         }
-    assert len(found["sync"]["generate"]) == len(found["sync"]["answer"]) == len(AWKWARD)
+    assert len(found["sync"]["generate"]) == 2 * len(AWKWARD)  # a question, then its critic
+    assert len(found["sync"]["answer"]) == len(AWKWARD)
     assert found["batch"] == found["sync"]

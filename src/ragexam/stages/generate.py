@@ -145,13 +145,16 @@ class GeneratePlan:
             raise RowError("the chunk is empty or whitespace only; nothing to ask about")
         reply = await self.llm.structured(self.messages(task), QAPair)
         question, truth = reply.value.question, reply.value.answer
-        flags = cheap_flags(question, truth, int(task.known["chunk_chars"]), self.seen)
-        self.seen.add(normalise(question))
-        cost = reply.cost()
+        cost, critique = reply.cost(), []
         if self.critic is not None:
             review = await self._review(text, question, truth)
-            flags += critic_flags(review.value)
+            critique = critic_flags(review.value)
             cost = {name: value + review.cost()[name] for name, value in cost.items()}
+        # Once the row is done, and with no wait between: the first question to be done is
+        # the original, and a row the batch road stops at its critic leaves no trace.
+        flags = cheap_flags(question, truth, int(task.known["chunk_chars"]), self.seen)
+        self.seen.add(normalise(question))
+        flags += critique
         return {
             "question": question,
             "ground_truth_answer": truth,

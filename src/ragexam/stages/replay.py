@@ -6,6 +6,11 @@ exactly as the sync road writes it. A row that reaches a call without a result s
 its request goes into a shard, unless that very request is already out. The results a waiting
 row went through are carried to the next pass; every other result is spent.
 
+A row's work is run again from its start at each pass, up to its first call without a
+result. So a stage's work must change nothing outside its row before its last call: what it
+keeps across rows (generate's questions seen, for its duplicate flag) it keeps once the row
+is done.
+
 Memory stays flat at a million rows: the index holds keys and file offsets, never results,
 and a row's results are read from disk when its turn comes.
 """
