@@ -20,6 +20,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from json.decoder import scanstring  # type: ignore[attr-defined]
+from json.encoder import encode_basestring
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +48,8 @@ def parse_custom_id(text: str) -> tuple[str, int, str, str] | None:
 
 def request_line(identifier: str, url: str, body: bytes) -> bytes:
     """One batch input line, the body embedded byte for byte."""
-    head = f'{{"custom_id":{json.dumps(identifier, ensure_ascii=False)},"method":"POST","url":'
-    return b"".join((head.encode(), json.dumps(url).encode(), b',"body":', body, b"}\n"))
+    head = f'{{"custom_id":{encode_basestring(identifier)},"method":"POST","url":'
+    return b"".join((head.encode(), encode_basestring(url).encode(), b',"body":', body, b"}\n"))
 
 
 @dataclass(frozen=True)
