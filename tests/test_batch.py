@@ -3,6 +3,7 @@ the way the sync road meets a failing call: retried within the budget, else an e
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import time
@@ -13,6 +14,7 @@ from typing import Any
 import openai
 import pytest
 from openai_server import FakeOpenAI
+from rich.console import Console
 from support import (
     build_store,
     custom_key,
@@ -341,3 +343,17 @@ def test_run_with_control_runs_batches_every_stage(batch_env: FakeOpenAI, tmp_pa
         rows = read_csv(tmp_path / folder / "judgments.csv")
         assert len(rows) == 6 and all(row["status"] == "ok" for row in rows)
     assert (tmp_path / "run" / "summary.csv").exists()
+
+
+def test_a_terminal_shows_a_line_per_batch(
+    batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    screen = io.StringIO()
+    monkeypatch.setattr(display, "err", Console(file=screen, force_terminal=True, width=140))
+    exam(tmp_path / "run", N)
+    assert judge().exit_code == 0
+    shown = screen.getvalue()
+    batch_id = batch_env.batch_requests[0].batch_id
+    line = next(line for line in shown.splitlines() if batch_id[:18] in line)
+    assert "completed" in line and f"{N}/{N}" in line and "0 failed" in line
+    assert "elapsed" in line

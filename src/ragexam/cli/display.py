@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import (
@@ -24,6 +24,7 @@ from rich.progress import (
 from rich.status import Status
 from rich.text import Text
 
+from ragexam.cli.batches import CountColumn, batch_line, batch_summary, batch_times
 from ragexam.report.text import printable
 
 if TYPE_CHECKING:
@@ -120,43 +121,6 @@ class TrafficColumn(ProgressColumn):
         if self.progress.note:
             return Text(self.progress.note, style="cyan")
         return Text(traffic_text(self.progress.traffic), style="yellow")
-
-
-class CountColumn(ProgressColumn):
-    """Rows in error, or a batch's failed requests."""
-
-    def render(self, task: Task) -> Text:
-        """The count, in red."""
-        if task.fields.get("batch") is not None:
-            return Text(f"{task.fields['errors']} failed", style="red")
-        return Text(f"{task.fields['errors']} errors", style="red")
-
-
-def batch_times(view: BatchView, now: float | None = None) -> str:
-    """A batch's age, and the endpoint's own deadline: `4m12s elapsed, expires in 23h55m`."""
-    now = time.time() if now is None else now
-    parts = [f"{_span(now - view.created_at)} elapsed"]
-    if view.expires_at and not view.ended:
-        parts.append(f"expires in {_span(view.expires_at - now)}")
-    return ", ".join(parts)
-
-
-def batch_line(view: BatchView) -> str:
-    """One batch in one line, for logs."""
-    done = view.completed + view.failed
-    return f"{view.id} {view.status}: {done}/{view.total} answered, {view.failed} failed, " + (
-        batch_times(view)
-    )
-
-
-def _span(seconds: float) -> str:
-    """4m12s, 23h55m, 9s."""
-    seconds = max(int(seconds), 0)
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 class BarProgress:
@@ -289,17 +253,6 @@ def summary_line(stage: str, result: StageResult, skipped_note: str | None = Non
         say(f"  {count} x {reason}")
     if skipped_note:
         say(f"  {skipped_note}")
-
-
-def batch_summary(batch: dict[str, Any]) -> str:
-    """What the batch road did: requests sent, results merged, and how long the batches took."""
-    sent, merged = f"{batch['requests']:,} requests sent", f"{batch['results_merged']:,} merged"
-    if batch["mode"] == "dir":
-        waiting = f"; {batch['waiting']:,} wait for results" if batch["waiting"] else ""
-        return f"batch files: {sent} to {batch['folder']}/requests, {merged}{waiting}"
-    took = f", the batches took {_span(batch['seconds'])}" if batch["seconds"] else ""
-    rounds = f" in {batch['rounds']} rounds" if batch["rounds"] > 1 else ""
-    return f"batches: {batch['batches']} made, {sent}, {merged}{rounds}{took}"
 
 
 def cost_text(cost: float | None) -> str:
