@@ -30,6 +30,7 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any, Literal
 
 JSON = dict[str, Any]
@@ -56,6 +57,7 @@ class BatchFaults:
     seconds_cancelling: float = 0.0
     manual: bool = False  # every step waits for server.advance_batches(), not for the clock
     fail_validation: str | None = None  # an error code: the whole batch fails validation
+    fail_validation_count: int | None = None  # only the first N batches validated fail (None: all)
     fail_line_if: Callable[[str, str], int | None] | None = None  # (custom_id, body) -> status
     expire_after: int | None = None  # lines run before the batch expires
     retrieve_status: Callable[[str, int], int | None] | None = None  # (batch id, poll) -> status
@@ -75,6 +77,7 @@ class BatchLine:
     fault: str | None = None
     usage: dict[str, int] | None = None  # what the line billed, as a sync call would
     at: float = field(default_factory=time.monotonic)
+    raw: bytes = b""  # the body as the input file holds it, byte for byte
 
 
 @dataclass
@@ -193,7 +196,30 @@ def _check_line(text: str, endpoint: str, seen: set[str]) -> tuple[JSON | None, 
     if request["custom_id"] in seen:
         message = "The custom_id for this request is a duplicate of another request."
         return None, batch_error("duplicate_custom_id", message, "custom_id")
-    return request, None
+    return {**request, RAW_BODY: raw_value(text, "body").encode()}, None
+
+
+RAW_BODY = "_raw_body"  # where parse_input keeps each line's body as the file holds it
+
+
+def raw_value(text: str, name: str) -> str:
+    """The JSON text of one top-level member of a JSON object, as written (not re-encoded)."""
+    decoder, at = json.JSONDecoder(), text.index("{") + 1
+    while True:
+        at = _skip(text, at)
+        key, at = scanstring(text, at + 1)  # past the key's opening quote
+        start = _skip(text, _skip(text, at) + 1)  # past the colon
+        _, end = decoder.raw_decode(text, start)
+        if key == name:
+            return text[start:end]
+        at = _skip(text, _skip(text, end) + 1)  # past the comma
+
+
+def _skip(text: str, at: int) -> int:
+    """The first position from `at` that is not JSON whitespace."""
+    while text[at] in " \t\r\n":
+        at += 1
+    return at
 
 
 def batch_error(code: str, message: str, param: str | None = None) -> JSON:

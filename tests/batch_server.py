@@ -24,6 +24,7 @@ from batch_api import (
     FAILURES,
     JSON,
     PURPOSES,
+    RAW_BODY,
     UNRUN,
     BatchLine,
     HttpReply,
@@ -136,6 +137,7 @@ class BatchServer:
         self._changed = threading.Condition()  # its own lock, never held while lines are answered
         self._stopping = threading.Event()
         self._made = 0  # ids made so far: ids are deterministic per server seed
+        self._failed_validation = 0  # batches that met fail_validation
 
     # -- lifecycle (test threads) ---------------------------------------------------------------
 
@@ -156,6 +158,7 @@ class BatchServer:
             self._batches.clear()
             self.requests.clear()
             self._made = 0
+            self._failed_validation = 0
         self._stopping.clear()
 
     def advance(self, steps: int) -> None:
@@ -345,7 +348,7 @@ class BatchServer:
     def _validate(self, batch: _Batch) -> None:
         knobs = self.server.batch
         lines, errors = parse_input(batch.input, batch.endpoint, knobs.max_lines)
-        if knobs.fail_validation is not None:
+        if knobs.fail_validation is not None and self._fails_validation():
             code = knobs.fail_validation
             errors = [batch_error(code, FAILURES.get(code, f"Injected failure ({code})."))]
         with self._changed:
@@ -356,6 +359,13 @@ class BatchServer:
             batch.lines = lines
             if batch.status != "cancelling":
                 batch.enter("in_progress")
+
+    def _fails_validation(self) -> bool:
+        """Whether this batch is one fail_validation fails (all, or the first count)."""
+        count = self.server.batch.fail_validation_count
+        with self._changed:
+            self._failed_validation += 1
+            return count is None or self._failed_validation <= count
 
     def _line(self, batch: _Batch) -> None:
         """Answer the next line, holding no lock, and keep its result line."""
@@ -380,9 +390,12 @@ class BatchServer:
         status = hook(custom_id, json.dumps(body, ensure_ascii=False)) if hook else None
         if status is not None:
             reply = api_error(status, f"Injected HTTP {status} (fail_line_if).").payload
-            return BatchLine(batch_id, custom_id, body, status, "fail_line_if"), reply
+            raw = line.get(RAW_BODY, b"")
+            return BatchLine(batch_id, custom_id, body, status, "fail_line_if", raw=raw), reply
         rec, reply = self.server.answer_line(line["url"], body)
-        return BatchLine(batch_id, custom_id, body, rec.status, rec.fault, rec.usage), reply
+        raw = line.get(RAW_BODY, b"")
+        record = BatchLine(batch_id, custom_id, body, rec.status, rec.fault, rec.usage, raw=raw)
+        return record, reply
 
     def _close(self, batch: _Batch, status: str, unrun: str | None = None) -> None:
         """End the batch: its output and error files, with the lines never run as `unrun`."""

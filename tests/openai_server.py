@@ -112,6 +112,7 @@ class Recorded:
     at: float = field(default_factory=time.monotonic)  # when it arrived
     usage: dict[str, int] | None = None  # what a chat completion billed (its `usage`)
     query: str = ""  # the URL's query string, without the "?"
+    raw: bytes = b""  # the body as sent, byte for byte
 
 
 @dataclass
@@ -234,7 +235,7 @@ class FakeOpenAI:
         self, method: str, path: str, headers: dict[str, str], raw: bytes, query: str = ""
     ) -> _Out | None:
         """Answer one request and record it; None means the server is stopping: send nothing."""
-        rec = Recorded(path=path, body=_parse_json(raw), headers=headers, query=query)
+        rec = Recorded(path=path, body=_parse_json(raw), headers=headers, query=query, raw=raw)
         with self._lock:
             (self.listings if method == "GET" else self.requests).append(rec)
         try:

@@ -432,3 +432,65 @@ def open_page(browser: Any, width: int, height: int) -> Any:
     page = browser.new_page()
     page.set_viewport_size({"width": width, "height": height})
     return page
+
+
+# -- the batch road -------------------------------------------------------------------------------
+
+
+def run_batch_files(
+    server: FakeOpenAI, folder: Path, shape: str = "openai", skip: frozenset[str] = frozenset()
+) -> int:
+    """Do what `vllm run-batch` does to each request file of a --batch-dir: answer every line
+    (through the server's sync chat path) into DIR/results/ under the same name, in OpenAI's
+    or vLLM's output shape. Returns the lines answered; custom_ids in `skip` get no result."""
+    from batch_api import batch_output_line, vllm_body
+
+    results = folder / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    answered = 0
+    for path in sorted((folder / "requests").glob("*.jsonl")):
+        lines = []
+        for text in path.read_text(encoding="utf-8").splitlines():
+            request = json.loads(text)
+            if request["custom_id"] in skip:
+                continue
+            record, reply = server.answer_line(request["url"], request["body"])
+            body = vllm_body(reply) if shape == "vllm" and record.status == 200 else reply
+            lines.append(
+                batch_output_line(
+                    request["custom_id"], body, status_code=record.status, shape=shape
+                )  # type: ignore[arg-type]
+            )
+            answered += 1
+        (results / path.name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return answered
+
+
+def ledger_events(path: Path) -> list[dict[str, Any]]:
+    """The events of a batch ledger."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def wait_until(condition: Any, seconds: float = 20.0) -> None:
+    """Poll `condition()` until it is true, or fail after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting")
+        time.sleep(0.02)
+
+
+def start_cli(*args: str) -> subprocess.Popen[bytes]:
+    """`ragexam ARGS` in a process of its own, its output kept."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "ragexam.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def custom_key(custom_id: str) -> str:
+    """The row key of one of ragexam's custom_ids (TAG~CALL~DIGEST~KEY)."""
+    return custom_id.split("~", 3)[3]

@@ -50,3 +50,21 @@ def test_a_failure_inside_the_http_client_is_not_blamed_on_the_endpoint(
     assert f"openai {openai.__version__}" in said
     assert "OPENAI_BASE_URL" not in said and "cannot connect" not in said
     assert env.count() <= 16  # the calls in flight when the first failed, not 40 rows' retries
+
+
+def test_the_batch_road_writes_requests_where_the_sdk_lets_it_and_says_why_where_not(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # The batch road takes each request at the transport, which needs an httpx2 client.
+    store = build_store(tmp_path / "store", docs(3))
+    args = ("generate", "--chroma", str(store), "--out", "run", "--batch-dir", "files")
+    result = run_cli(*args)
+    said = " ".join(result.output.split())
+    if installed() >= HTTPX2_FROM:
+        assert result.exit_code == 75, result.output  # the requests wait for their results
+        assert len(list((tmp_path / "files" / "requests").glob("*.jsonl"))) == 1
+    else:
+        assert result.exit_code == 2, result.output
+        assert f"openai {openai.__version__}" in said and "openai>=2.47" in said
+        assert not (tmp_path / "files").exists()
+    assert env.count() == 0  # never a paid call: neither road was taken by mistake

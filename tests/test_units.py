@@ -7,7 +7,8 @@ from pathlib import Path
 import httpx2
 import openai
 import pytest
-from langchain_core.messages import AIMessage
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from langchain_core.prompts import ChatPromptTemplate
 
 from ragexam.errors import OutputError
 from ragexam.io.csvfile import escape_cell, unescape_cell
@@ -23,6 +24,17 @@ def test_every_prompt_file_loads_and_declares_its_variables(path: Path) -> None:
     prompt = load_prompt(path.stem)
     assert prompt.variables and len(prompt.hash) == 16
     assert set(prompt.template.input_variables) == set(prompt.variables)
+
+
+@pytest.mark.parametrize("path", sorted(prompts_dir().glob("*.toml")), ids=lambda p: p.stem)
+def test_every_prompt_formats_as_langchains_chat_template_does(path: Path) -> None:
+    prompt = load_prompt(path.stem)
+    awkward = ['{x} {{y}} "q" \\ \n é 😀 </chunk>', "", "{0}", "%s %(a)s"]
+    for text in awkward:
+        values = prompt.fill(**{name: text for name in prompt.variables})
+        fast = prompt.template.format_messages(**values)
+        assert fast == ChatPromptTemplate.format_messages(prompt.template, **values)
+        assert [type(message) for message in fast] == [SystemMessage, HumanMessage]
 
 
 def test_every_stage_has_its_prompt_file() -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ragexam.config import Scale
-from ragexam.errors import ConfigError
+from ragexam.errors import BatchPending, ConfigError
 from ragexam.io.runfolder import CONTROL_RUNS, RunFolder
 from ragexam.options import (
     ANSWER,
@@ -147,11 +147,12 @@ def _in_own_loop(call: Callable[[], T]) -> T:
 
 def _generate(given: Given, session: Session) -> Result:
     """Write qa_dataset.csv: one question and ground-truth answer per chunk."""
+    _check_batch(given)
     settings = settings_for(given, "generate")
     if given.calls.dry_run:
         from ragexam.stages.dryrun import estimate_generate
 
-        return _estimated(estimate_generate(settings, given, session), session)
+        return _estimated(estimate_generate(settings, given, session), session, given)
     from ragexam.stages.generate import run_generate
 
     result = run_generate(settings, given, session)
@@ -160,11 +161,12 @@ def _generate(given: Given, session: Session) -> Result:
 
 def _answer(given: Given, session: Session) -> Result:
     """Write answers.csv; `rag` is "module:callable", or a callable or Runnable object."""
+    _check_batch(given)
     settings = settings_for(given, "answer")
     if given.calls.dry_run:
         from ragexam.stages.dryrun import estimate_answer
 
-        return _estimated([estimate_answer(settings, given, session)], session)
+        return _estimated([estimate_answer(settings, given, session)], session, given)
     from ragexam.stages.answer import run_answer
 
     result = run_answer(settings, given, session)
@@ -174,11 +176,12 @@ def _answer(given: Given, session: Session) -> Result:
 def _judge(given: Given, session: Session) -> Result:
     """Write judgments.csv, and judge_controls.csv unless `controls=0`; an exam graded by key
     points that lacks some gets them written once first (key_points.csv)."""
+    _check_batch(given)
     settings = settings_for(given, "judge")
     if given.calls.dry_run:
         from ragexam.stages.dryrun import estimate_judge
 
-        return _estimated(estimate_judge(settings, given, session), session)
+        return _estimated(estimate_judge(settings, given, session), session, given)
     from ragexam.analysis.verdict import read_verdict
     from ragexam.stages.exams import load_exams
     from ragexam.stages.judge import run_controls, run_judge
@@ -192,8 +195,9 @@ def _judge(given: Given, session: Session) -> Result:
     graded = _stage("judge", "judgments", result, settings, session)
     if not given.grading.controls:
         return _checked(graded, settings)
-    known = run_controls(settings, given, session, exams)
+    known = run_controls(settings, given, session, exams)  # beside the grades, not after them
     checks = _stage("judge_controls", "controls", known, settings, session)
+    _waiting(graded, checks)
     verdict = read_verdict(given.out)
     if verdict is not None and not session.in_run:  # in `run`, stats says it beside the scores
         session.observer.verdict(verdict)
@@ -231,17 +235,58 @@ def _stage(
 
 
 def _checked(result: Result, settings: Settings) -> Result:
-    """The result, unless its file holds more error rows than allowed (TooManyErrors)."""
+    """The result, unless requests wait for their batch results (BatchPending), or its file
+    holds more error rows than allowed (TooManyErrors)."""
     from ragexam.stages.runner import check_error_rate
 
+    _waiting(result)
     check_error_rate(result.path, settings.max_error_rate)
     return result
 
 
-def _estimated(estimates: list[Estimate], session: Session) -> Result:
+def _waiting(*results: Result) -> None:
+    """Raise BatchPending when requests of these stages wait for results in a --batch-dir."""
+    batches = [result.figures.get("batch") or {} for result in results]
+    waiting = sum(int(batch.get("waiting") or 0) for batch in batches)
+    if waiting:
+        folder = next(str(batch["folder"]) for batch in batches if batch.get("folder"))
+        raise BatchPending(
+            f"{waiting} requests wait for their results: run each file of {folder}/requests/ "
+            f"(e.g. vllm run-batch -i {folder}/requests/FILE -o {folder}/results/FILE), then "
+            "rerun the same command (see docs/batch.md)"
+        )
+
+
+def _check_batch(given: Given) -> None:
+    """Refuse batch options that cannot be honoured, before any call."""
+    calls = given.calls
+    if calls.batch and calls.batch_dir is not None:
+        raise ConfigError(
+            "--batch sends the calls to the endpoint's Batch API, --batch-dir writes them to "
+            "files: give one of them"
+        )
+    batched = calls.batch or calls.batch_dir is not None
+    if batched and (given.exam.multi_hop or given.exam.unanswerable):
+        raise ConfigError(
+            "--multi-hop and --unanswerable questions are written and verified in several calls "
+            "that wait on each other, until enough are kept: they take the sync road; write "
+            "them with a generate without --batch/--batch-dir (the other stages can batch)"
+        )
+    if batched and given.answering.rag not in (None, ""):
+        raise ConfigError(
+            "--rag: your RAG system makes its own calls, which ragexam cannot batch; drop "
+            "--batch/--batch-dir to answer with it, or drop --rag to batch the built-in answerer"
+        )
+
+
+def _estimated(estimates: list[Estimate], session: Session, given: Given) -> Result:
     """What a dry run found: no file, the estimates per stage, and their calls and cost."""
+    from dataclasses import replace
+
+    if given.calls.batch or given.calls.batch_dir is not None:
+        estimates = [replace(estimate, batched=True) for estimate in estimates]
     session.observer.estimates(estimates)
-    costs = [estimate.cost_usd for estimate in estimates]
+    costs = [estimate.priced for estimate in estimates]
     total = None if None in costs else sum(cost or 0.0 for cost in costs)
     figures = {"estimates": [estimate.record() for estimate in estimates], "cost_usd": total}
     return Result({}, {**figures, "calls": sum(estimate.calls for estimate in estimates)})
@@ -329,7 +374,7 @@ def _run(given: Given, session: Session) -> Result:
         from ragexam.stages.dryrun import estimate_run
 
         settings = settings_for(given, "generate", "answer", "judge")
-        return _estimated(estimate_run(settings, given, session), session)
+        return _estimated(estimate_run(settings, given, session), session, given)
     session.in_run = True  # the judge's verdict is said once, by stats
     try:
         with session.holding(given.out):  # one writer from the first stage to the last
@@ -361,6 +406,7 @@ def _stages(given: Given, session: Session) -> dict[str, Result]:
 
 def _check_run(given: Given) -> None:
     """Refuse options that cannot go together, and a malformed gate, before any call."""
+    _check_batch(given)
     if given.grading.control_runs and given.answering.rag not in (None, ""):
         raise ConfigError(
             "--control-runs answer with the built-in answerer, which is not your --rag system: "

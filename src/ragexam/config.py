@@ -119,6 +119,9 @@ class Settings(BaseSettings):
         None, ge=0, validation_alias=AliasChoices("price_output", "RAGEXAM_PRICE_OUTPUT")
     )
 
+    batch_poll: float = Field(
+        30.0, gt=0, validation_alias=AliasChoices("batch_poll", "RAGEXAM_BATCH_POLL")
+    )
     max_tokens: int | None = Field(
         None, ge=1, validation_alias=AliasChoices("max_tokens", "RAGEXAM_MAX_TOKENS")
     )

@@ -17,6 +17,7 @@
     ├── EndpointError         an endpoint cannot be reached or refuses every call (exit 4)
     ├── GateFailed            a quality gate (--fail-under, --fail-on-regression) failed (exit 3)
     ├── TooManyErrors         the run finished, with more error rows than allowed (exit 1)
+    ├── BatchPending          --batch-dir: requests wait for results; rerun then (exit 75)
     └── RunFolderBusy         another ragexam process is writing to the run folder
 
 Each class says its exit code in `exit_code` (the design's "Exit codes").
@@ -34,6 +35,7 @@ class RagexamError(Exception):
 
     exit_code = 2  # bad input or usage, unless a subclass says otherwise
     stops_stage = False  # met in one row, it would be met in every row: stop the stage
+    label = "Error"  # how the command line introduces the message
 
 
 class ConfigError(RagexamError):
@@ -150,6 +152,13 @@ class TooManyErrors(RagexamError):
             f"{errors} of {total} rows ({share:.1%}) ended in error, above --max-error-rate "
             f"{limit:g}; the reasons are in the error column of {path}; rerun to retry them"
         )
+
+
+class BatchPending(RagexamError):
+    """Requests wait for results under --batch-dir: a pause, not a failure (EX_TEMPFAIL)."""
+
+    exit_code = 75
+    label = "Waiting"
 
 
 class RunFolderBusy(RagexamError):

@@ -9,7 +9,7 @@ a `Given`, the plain values every layer below reads.
     Given                        what one command was given, every group at its defaults
     ├── Folder   --out --seed
     ├── Store    --chroma --chroma-url --collection --chroma-tenant --chroma-database ...
-    ├── Calls    --model --concurrency --limit --max-error-rate --rpm --tpm --force ...
+    ├── Calls    --model --concurrency --limit --max-error-rate --rpm --tpm --force --batch ...
     ├── Exam     --doc-key --sample --per-document --validation --check --multi-hop ...
     ├── Answering --k --embedding --rag --rag-timeout --context --texts
     ├── Inputs   --qa-dataset --answers
@@ -112,6 +112,13 @@ class Calls:
     tpm: int | None = option(None, "Pace calls to N tokens a minute.", min=1)
     force: bool = option(False, "Redo rows made with another model, prompt or setting.")
     dry_run: bool = option(False, "Estimate calls, tokens and cost; call nothing.")
+    batch: bool = option(
+        False, "Send the calls through the endpoint's Batch API: half the price, within 24 h."
+    )
+    batch_dir: Path | None = option(
+        None,
+        "Write the calls as batch files in DIR/requests, merge DIR/results; exit 75 till done.",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

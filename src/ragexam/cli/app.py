@@ -140,7 +140,7 @@ def handled(command: Callable[..., None]) -> Callable[..., None]:
                 warnings.showwarning = _say_warning
                 command(*args, **kwargs)
         except RagexamError as exc:
-            say(f"Error: {exc}")
+            say(f"{exc.label}: {exc}")
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             say("Interrupted: every finished row is saved; rerun the same command to go on.")

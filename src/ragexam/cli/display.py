@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -16,6 +16,7 @@ from rich.progress import (
     Progress,
     ProgressColumn,
     Task,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -23,9 +24,11 @@ from rich.progress import (
 from rich.status import Status
 from rich.text import Text
 
+from ragexam.cli.batches import CountColumn, batch_line, batch_summary, batch_times
 from ragexam.report.text import printable
 
 if TYPE_CHECKING:
+    from ragexam.llm.batchapi import BatchView
     from ragexam.llm.pacing import Traffic
     from ragexam.llm.prices import RunCost
     from ragexam.stages.dryrun import Estimate
@@ -110,14 +113,20 @@ def traffic_text(traffic: Traffic | None) -> str:
 
 
 class TrafficColumn(ProgressColumn):
-    """What the calls meet: retries, 429s, and the longest wait under way."""
+    """What the calls meet: retries, 429s, and the longest wait under way; for a batch, its
+    age and the endpoint's deadline; on the batch road, what the stage does now."""
 
     def __init__(self, progress: BarProgress) -> None:
         super().__init__()
         self.progress = progress
 
     def render(self, task: Task) -> Text:
-        """The traffic counters, read live."""
+        """The traffic counters (or the batch's times), read live."""
+        view = task.fields.get("batch")
+        if view is not None:
+            return Text(batch_times(view), style="cyan")
+        if self.progress.note:
+            return Text(self.progress.note, style="cyan")
         return Text(traffic_text(self.progress.traffic), style="yellow")
 
 
@@ -133,7 +142,7 @@ class BarProgress:
             TextColumn("{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("[red]{task.fields[errors]} errors"),
+            CountColumn(),
             RateColumn(),
             TrafficColumn(self),
             TimeElapsedColumn(),
@@ -143,12 +152,30 @@ class BarProgress:
         self.label, self.errors, self.started = label, 0, False
         self.task = self.bar.add_task(label, errors=0, start=False)
         self.traffic: Traffic | None = None
+        self.note = ""  # on the batch road: what the stage does now
+        self.views: dict[str, BatchView] = {}
+        self._batch_tasks: dict[str, TaskID] = {}
         self._stop = threading.Event()
         self._began = time.monotonic()
 
     def watch(self, traffic: Traffic) -> None:
         """Show these counters of the stage's calls."""
         self.traffic = traffic
+
+    def batches(self, views: Sequence[BatchView], note: str) -> None:
+        """A line per batch in flight (its state, requests answered and failed, its times)."""
+        self.note = note
+        for view in views:
+            self.views[view.id] = view
+            description = f"  {view.id[:18]} {view.status}"
+            done, total = view.completed + view.failed, view.total or None
+            if view.id not in self._batch_tasks:
+                self._batch_tasks[view.id] = self.bar.add_task(
+                    description, total=total, completed=done, batch=view, errors=view.failed
+                )
+            task = self._batch_tasks[view.id]
+            self.bar.update(task, description=description, completed=done, total=total)
+            self.bar.update(task, batch=view, errors=view.failed)
 
     def stop(self) -> None:
         """Take the bar down, or end the plain lines."""
@@ -166,8 +193,12 @@ class BarProgress:
         done, total = int(task.completed), "?" if task.total is None else int(task.total)
         rate = done / max(time.monotonic() - self._began, 1e-9)
         parts = [f"{done}/{total} rows", f"{self.errors} errors", f"{rate:.1f} rows/s"]
-        parts += [traffic_text(self.traffic)] if self.traffic else []
-        return f"{self.label}: {', '.join(parts)}"
+        parts += [traffic_text(self.traffic)] if self.traffic and not self.note else []
+        parts += [self.note] if self.note else []
+        ended = [view for view in self.views.values() if view.ended]
+        live = [batch_line(view) for view in self.views.values() if not view.ended]
+        parts += [f"{len(ended)} batches ended"] if ended else []
+        return "; ".join([f"{self.label}: {', '.join(parts)}", *live])
 
     def start(self, total: int | None, done_before: int) -> None:
         """Show the bar; rows already done are mentioned, not counted."""
@@ -225,6 +256,8 @@ def summary_line(stage: str, result: StageResult, skipped_note: str | None = Non
             "first call)",
             wrap=True,
         )
+    if outcome.batch:
+        say(f"  {batch_summary(outcome.batch)}", wrap=True)
     if outcome.redone:
         say(f"  {outcome.redone} rows redone: their input changed since they were made")
     if outcome.quarantined:
@@ -259,14 +292,25 @@ def run_cost_line(cost: RunCost) -> str:
 
 
 def show_estimates(estimates: list[Estimate]) -> None:
-    """What --dry-run found, a line per stage, and the total."""
+    """What --dry-run found, a line per stage, and the total (at the batch rate beside the
+    sync one, with --batch)."""
     for e in estimates:
+        cost = cost_text(e.cost_usd)
+        if e.batched:
+            cost = f"{cost_text(e.batch_cost_usd)} in batches ({cost} sync)"
         say(
             f"{e.stage}: {e.rows} rows to do, {e.calls} calls, ~{e.input_tokens:,} tokens in + "
-            f"~{e.output_tokens:,} out, {cost_text(e.cost_usd)} ({e.model})"
+            f"~{e.output_tokens:,} out, {cost} ({e.model})"
         )
-    costs = [e.cost_usd for e in estimates]
     if len(estimates) > 1:
-        total = None if None in costs else sum(c or 0.0 for c in costs)
-        say(f"total: {sum(e.calls for e in estimates)} calls, {cost_text(total)}")
+        total = cost_text(_sum(e.priced for e in estimates))
+        if any(e.batched for e in estimates):
+            total = f"{total} in batches ({cost_text(_sum(e.cost_usd for e in estimates))} sync)"
+        say(f"total: {sum(e.calls for e in estimates)} calls, {total}")
     say("dry run: no call was made")
+
+
+def _sum(costs: Iterable[float | None]) -> float | None:
+    """The total, or None when any is unknown."""
+    known = list(costs)
+    return None if None in known else sum(cost or 0.0 for cost in known)

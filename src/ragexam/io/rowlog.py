@@ -174,7 +174,7 @@ class RowLog:
             raise write_error(self.path, exc, advice) from None
 
     def _line(self, row: Mapping[str, Any]) -> str:
-        return encode_row(format_cell(row.get(column)) for column in self.columns)
+        return encode_row([format_cell(row.get(column)) for column in self.columns])
 
     def close(self) -> None:
         """Flush to disk and close."""

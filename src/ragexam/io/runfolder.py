@@ -20,6 +20,7 @@ JUDGMENTS_FILE = "judgments.csv"
 CONTROLS_FILE = "judge_controls.csv"
 DROPPED_FILE = "dropped_questions.csv"
 KEY_POINTS_FILE = "key_points.csv"  # key points written once for an exam without them
+BATCHES_DIR = "batches"  # the batch road's ledgers, request shards, results and carry
 # `run --control-runs` answers and grades in these folders, each answerer given this context
 CONTROL_RUNS = {"gold": AnswerContext.gold, "closed_book": AnswerContext.none}
 
@@ -71,6 +72,27 @@ class RunFolder:
     def key_points(self) -> Path:
         """Key points judge wrote for an exam without them: a control run uses its run's."""
         return (self.parent_run() or self).path / KEY_POINTS_FILE
+
+    def batch_tag(self, stage: str) -> str:
+        """The stage's name on the batch road: `judge`, or `gold.judge` in a control run.
+
+        It prefixes every custom_id and shard name, so that the stages and control runs of one
+        run can share a --batch-dir.
+        """
+        parent = self.parent_run()
+        return f"{self.path.name}.{stage}" if parent is not None else stage
+
+    def batch_ledger(self, stage: str) -> Path:
+        """The stage's batch ledger: every shard, batch and result file, as they happen."""
+        return self.path / BATCHES_DIR / f"{self.batch_tag(stage)}.jsonl"
+
+    def batch_files(self, stage: str) -> Path:
+        """Where the stage's shards, downloaded results and carried results are kept."""
+        return self.path / BATCHES_DIR / self.batch_tag(stage)
+
+    def file(self, name: str) -> Path:
+        """Any other file of the folder, by name (report.html, calibration.csv...)."""
+        return self.path / name
 
     def control_run(self, name: str) -> RunFolder:
         """The folder of one control run (`gold`, `closed_book`)."""

@@ -29,6 +29,7 @@ from pydantic import BaseModel
 
 from ragexam.config import Settings, StructuredMethod, SystemRole
 from ragexam.errors import AuthError, LLMError, LocalClientError, OutputError
+from ragexam.llm import deferred
 from ragexam.llm.endpoint import (
     EndpointMemory,
     ModelCheck,
@@ -42,6 +43,7 @@ from ragexam.llm.failures import describe, rate_limited, retry_after
 from ragexam.llm.pacing import Pacer, estimate_tokens
 from ragexam.llm.prompts import system_as_user
 from ragexam.llm.replies import InvalidReply, NoAnswer, check_reply
+from ragexam.llm.requests import Requests
 from ragexam.llm.structured import (
     CUT_OFF,
     MethodChoice,
@@ -66,6 +68,7 @@ RETRYABLE = (
     openai.ConflictError,
     OutputError,
     InvalidReply,
+    deferred.Unanswered,  # a batch line that never ran
 )
 MAX_RATE_LIMIT_BACKOFF = 60.0
 
@@ -155,6 +158,7 @@ class LLM:
         self.rate_limit_wait = settings.rate_limit_wait
         self.reachability = Reachability(settings.openai_base_url, self.redact)
         self.tokens = [0, 0]  # prompt and completion tokens of every call, failed ones too
+        self.requests = Requests(settings.openai_base_url)  # what each call sends, as bytes
         self._runnables: dict[tuple[type[BaseModel], StructuredMethod], Runnable[Any, Any]] = {}
 
     @property
@@ -185,7 +189,7 @@ class LLM:
             async with self.choice.attempt() as method:
                 runnable = self._structured_runnable(schema, method)
                 shaped = self._shape(with_schema(conversation, schema, method))
-                raw = await runnable.ainvoke(shaped, timeout=self.clock.timeout(limit))
+                raw = await self._send(runnable, shaped, (schema, method), limit)
             assert isinstance(raw, AIMessage)
             try:
                 value = parse_structured(raw, schema, limit)
@@ -216,8 +220,7 @@ class LLM:
         conversation = list(messages)
 
         async def once() -> tuple[str, AIMessage]:
-            timeout = self.clock.timeout(self.max_tokens)
-            raw = await self.chat.ainvoke(self._shape(conversation), timeout=timeout)
+            raw = await self._send(self.chat, self._shape(conversation), "text", self.max_tokens)
             assert isinstance(raw, AIMessage)
             if raw.response_metadata.get("finish_reason") == "length":
                 exc = cut_off(raw, self.max_tokens)
@@ -230,6 +233,18 @@ class LLM:
 
     def _shape(self, messages: list[BaseMessage]) -> list[BaseMessage]:
         return system_as_user(messages) if self.system_as_user else messages
+
+    async def _send(
+        self, runnable: Runnable[Any, Any], messages: list[BaseMessage], shape: Any, limit: int
+    ) -> Any:
+        """One HTTP call: to the endpoint, timed to what a reply of `limit` tokens takes there,
+        or on the batch road, to the row's batch result."""
+        row = deferred.current()
+        if row is None:
+            return await runnable.ainvoke(messages, timeout=self.clock.timeout(limit))
+        url, body = await self.requests.build((shape, self.bound.field), runnable, messages)
+        answer = row.answer(url, body)  # or Deferred: the request goes out in a batch
+        return await deferred.reply_of(self.chat, runnable, messages, url, answer)
 
     def _structured_runnable(
         self, schema: type[BaseModel], method: StructuredMethod
@@ -265,8 +280,9 @@ class LLM:
     ) -> Reply[T]:
         row = _Row(time.monotonic(), sizes=(estimate, rest))
         await self.model_check.once(self.chat.root_async_client)
+        batch = deferred.current()  # a batch line: no pacing, no waiting, no window to adapt
         while True:
-            number = await self.pacer.acquire(estimate)
+            number = await self.pacer.acquire(estimate) if batch is None else 0
             row.calls += 1
             sent = time.monotonic()
             limited, delay = False, 0.0
@@ -284,17 +300,20 @@ class LLM:
                 limited = rate_limited(exc)
                 delay = self._after_failure(exc, row, limited)
             else:
-                self.reachability.reached()
-                usage = raw.usage_metadata
-                written = int(usage["output_tokens"]) if usage else 0
-                self.clock.succeeded(written, time.monotonic() - sent)
+                if batch is None:  # a batch line's time is the batch's, not the server's
+                    self.reachability.reached()
+                    usage = raw.usage_metadata
+                    written = int(usage["output_tokens"]) if usage else 0
+                    self.clock.succeeded(written, time.monotonic() - sent)
                 self._count(row.tokens, raw, row.sizes)
                 latency, tokens = time.monotonic() - row.started, row.tokens
                 return Reply(value, tokens[0], tokens[1], row.calls, latency, content_of(raw))
             finally:
-                self.pacer.release(number, limited=limited, wait=delay)
-            self.pacer.traffic.wait(delay)
-            await asyncio.sleep(delay)
+                if batch is None:
+                    self.pacer.release(number, limited=limited, wait=delay)
+            if batch is None:  # a batch line's retry goes out in a later batch: no wait here
+                self.pacer.traffic.wait(delay)
+                await asyncio.sleep(delay)
 
     def _after_failure(self, exc: Exception, row: _Row, limited: bool) -> float:
         """Book one failed attempt; the wait before the next, or raise when the row is done."""
@@ -303,9 +322,10 @@ class LLM:
             raise LocalClientError(self.redact(local))  # every call would fail alike
         self._count(row.tokens, getattr(exc, "raw_message", None), row.sizes)
         row.raw = getattr(exc, "raw", None) or row.raw
-        self.reachability.failed(exc)
-        if isinstance(exc, openai.APITimeoutError):
-            self.clock.timed_out()  # the server is slower than allowed for: allow more
+        if deferred.current() is None:  # a batch result came from a reachable endpoint
+            self.reachability.failed(exc)
+            if isinstance(exc, openai.APITimeoutError):
+                self.clock.timed_out()  # the server is slower than allowed for: allow more
         if limited:
             delay = retry_after(exc)
             if delay is None:
@@ -337,14 +357,22 @@ class LLM:
         return True
 
     def _count(self, tokens: list[int], raw: AIMessage | None, sizes: tuple[int, int]) -> None:
-        """Add one attempt's usage to the row's tokens and to this model's totals."""
+        """Add one attempt's usage to the row's tokens and to this model's totals.
+
+        On the batch road, a result read again (a row replayed to its next call) was billed
+        when this run, or an earlier one, first read it: the row counts it, the totals not.
+        """
+        batch = deferred.current()
+        billed = batch is None or batch.fresh
+        if batch is not None and batch.fresh:
+            self.pacer.traffic.calls += 1  # a batch line answered: one call made
         usage = raw.usage_metadata if raw is not None else None
         if usage and sizes[1]:
             self.system_check.observe(sizes[0], sizes[1], usage["input_tokens"])
         if usage:
             for index, used in enumerate((usage["input_tokens"], usage["output_tokens"])):
                 tokens[index] += used
-                self.tokens[index] += used
+                self.tokens[index] += used if billed else 0
 
     def _failure(self, exc: Exception, attempt: int, tokens: list[int]) -> tuple[str, float]:
         """What one failed attempt means: its reason and the wait before the next, or raise."""

@@ -4,6 +4,10 @@ genai-prices (pydantic's maintained table, shipped inside the package, so it wor
 prices a model by its name; RAGEXAM_PRICE_INPUT and RAGEXAM_PRICE_OUTPUT (USD per million
 tokens) override it, and price local or unknown models. A model without a price has cost
 None, shown as "unknown", never $0.
+
+Calls through a Batch API are priced at the table's batch price where it has one (its
+`processing: batch` variant), else at half the price: the discount OpenAI, Anthropic, Google,
+Mistral and Together all give.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from ragexam.io.manifest import read_manifest, set_run_field, update_manifest
 from ragexam.io.runfolder import CONTROL_RUNS, RunFolder
 
 PER = 1_000_000  # prices are per million tokens
+BATCH = {"processing": "batch"}  # genai-prices' context for a batch price
+BATCH_SHARE = 0.5  # of the sync price, where the table has no batch price
 
 
 @dataclass(frozen=True)
@@ -35,7 +41,8 @@ class Price:
     def short(self) -> str:
         """E.g. `$0.15/$0.6 per 1M tokens in/out, genai-prices`, for one screen line."""
         where = self.source.split(":")[0].split(",")[0]
-        return f"${self.input:g}/${self.output:g} per 1M tokens in/out, {where}"
+        rate = ", batch rate" if "batch" in self.source else ""
+        return f"${self.input:g}/${self.output:g} per 1M tokens in/out{rate}, {where}"
 
     def describe(self) -> str:
         """E.g. `$0.15 in / $0.60 out per 1M tokens (genai-prices: openai gpt-4o-mini)`."""
@@ -56,17 +63,41 @@ def price_of(model: str, settings: Settings) -> Price | None:
     return Price(input_, output, table.source + overridden)
 
 
+def batch_price(model: str, settings: Settings) -> Price | None:
+    """The model's price through a Batch API: the table's batch price, else half the price."""
+    given = (settings.price_input, settings.price_output)
+    table = table_price(model, batch=True) if given == (None, None) else None
+    if table is not None:
+        return table
+    sync = price_of(model, settings)
+    if sync is None:
+        return None
+    return Price(
+        sync.input * BATCH_SHARE, sync.output * BATCH_SHARE, f"{sync.source}, at half: batch"
+    )
+
+
 @lru_cache(maxsize=64)
-def table_price(model: str) -> Price | None:
-    """The model's price in genai-prices' table, matched by name; None when it lacks it."""
+def table_price(model: str, batch: bool = False) -> Price | None:
+    """The model's price in genai-prices' table, matched by name; None when it lacks it.
+
+    With `batch`, only a batch price the table has itself; None when it has none.
+    """
     from genai_prices import Usage, calc_price  # ~0.5 s to load: only when a cost is asked
 
     # Priced on 1,000 tokens each way and scaled: some models charge more past a context size.
     try:
-        found = calc_price(Usage(input_tokens=1000, output_tokens=1000), model_ref=model)
+        found = calc_price(
+            Usage(input_tokens=1000, output_tokens=1000),
+            model_ref=model,
+            price_context=BATCH if batch else None,
+        )
     except LookupError:
         return None
-    source = f"genai-prices: {found.provider.id} {found.model.id}"
+    variants = found.model.price_variants or []
+    if batch and not any(variant.when == BATCH for variant in variants):
+        return None
+    source = f"genai-prices: {found.provider.id} {found.model.id}" + (", batch" if batch else "")
     return Price(float(found.input_price) * 1000, float(found.output_price) * 1000, source)
 
 
@@ -75,18 +106,23 @@ def record_cost(out: Path, stage: str, settings: Settings) -> tuple[float | None
     manifest = read_manifest(out)
     record: dict[str, Any] = manifest.get("stages", {}).get(stage, {})
     model = str(record.get("model", ""))
-    price = price_of(model, settings) if model else None
+    priced_at = batch_price if record.get("batch") else price_of  # the batch road's rate
+    price = priced_at(model, settings) if model else None
     billed = record.get("tokens_billed") or {
         "prompt": record.get("prompt_tokens", 0),
         "completion": record.get("completion_tokens", 0),
     }
-    cost = price.cost(int(billed["prompt"]), int(billed["completion"])) if price else None
+    tokens = int(billed["prompt"]), int(billed["completion"])
+    cost = price.cost(*tokens) if price else None
     for role in (record.get("verification") or {}).values():  # generate's checks: other models
-        checked = price_of(str(role.get("model", "")), settings)
-        tokens = role.get("tokens_billed") or {}
-        spent = [int(tokens.get("prompt", 0)), int(tokens.get("completion", 0))]
-        cost = None if cost is None or checked is None else cost + checked.cost(*spent)
-    priced = {"cost_usd": cost, "price": price.describe() if price else None}
+        checked = priced_at(str(role.get("model", "")), settings)  # on the same road
+        spent = role.get("tokens_billed") or {}
+        used = int(spent.get("prompt", 0)), int(spent.get("completion", 0))
+        cost = None if cost is None or checked is None else cost + checked.cost(*used)
+    priced: dict[str, Any] = {"cost_usd": cost, "price": price.describe() if price else None}
+    if record.get("batch"):  # beside it, what the same calls cost on the sync road
+        sync = price_of(model, settings) if model else None
+        priced["cost_usd_sync"] = sync.cost(*tokens) if sync else None
     update_manifest(out, stage, {**record, **priced})
     record_total(out)
     parent = RunFolder(out).parent_run()

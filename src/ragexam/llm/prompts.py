@@ -9,10 +9,12 @@ import tomllib
 from functools import cache
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
-from langchain_core.prompts import ChatPromptTemplate
-from pydantic import BaseModel, ValidationError, model_validator
+from langchain_core.prompts import ChatPromptTemplate, PromptTemplate
+from langchain_core.prompts.chat import HumanMessagePromptTemplate, SystemMessagePromptTemplate
+from pydantic import BaseModel, PrivateAttr, ValidationError, model_validator
 
 from ragexam.errors import PromptError
 
@@ -45,6 +47,51 @@ class PromptFile(BaseModel):
         return self
 
 
+class PlainTemplate(ChatPromptTemplate):
+    """A ChatPromptTemplate whose messages are plain `{name}` text, formatted with str.format.
+
+    The messages are ChatPromptTemplate's own, equal to what it makes (a test holds it to
+    that), without its per-call machinery: ~20 µs a row, which at a million batch requests was
+    half the time of writing their shards.
+    """
+
+    _parts: list[tuple[type[BaseMessage], str]] | None = PrivateAttr(default=None)
+
+    def model_post_init(self, context: Any, /) -> None:
+        """Note each message's class and text, when every one is plain."""
+        super().model_post_init(context)
+        parts = [_plain(message) for message in self.messages]
+        if not self.partial_variables and all(part is not None for part in parts):
+            self._parts = [part for part in parts if part is not None]
+
+    def format_messages(self, **kwargs: Any) -> list[BaseMessage]:
+        """The messages, with these values in."""
+        if self._parts is None:
+            return super().format_messages(**kwargs)
+        return [kind(content=text.format(**kwargs)) for kind, text in self._parts]
+
+
+_KINDS: dict[type[Any], type[BaseMessage]] = {
+    SystemMessagePromptTemplate: SystemMessage,
+    HumanMessagePromptTemplate: HumanMessage,
+}
+
+
+def _plain(message: Any) -> tuple[type[BaseMessage], str] | None:
+    """(class, text) of a message template of plain f-string text, else None."""
+    kind = _KINDS.get(type(message))
+    prompt = getattr(message, "prompt", None)
+    if kind is None or message.additional_kwargs or not isinstance(prompt, PromptTemplate):
+        return None
+    if prompt.template_format != "f-string" or prompt.partial_variables:
+        return None
+    fields = [(n, f, c) for _, n, f, c in string.Formatter().parse(prompt.template) if n]
+    simple = all(
+        name.isidentifier() and not spec and not conversion for name, spec, conversion in fields
+    )
+    return (kind, prompt.template) if simple else None
+
+
 class Prompt:
     """A loaded prompt: its template, its declared variables and the hash of its file."""
 
@@ -52,7 +99,7 @@ class Prompt:
         self.name = spec.name
         self.variables = tuple(spec.variables)
         self.hash = digest
-        self.template = ChatPromptTemplate.from_messages(
+        self.template = PlainTemplate.from_messages(
             [("system", spec.system.strip()), ("human", spec.user.strip())]
         )
 

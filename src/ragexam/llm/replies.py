@@ -47,6 +47,11 @@ def first_choice(body: bytes, content_type: str) -> dict[str, Any]:
             f"the endpoint answered HTTP 200 with {kind}, not a completion; "
             "is a gateway or proxy in the way?"
         ) from None
+    return choice_of(data)
+
+
+def choice_of(data: Any) -> dict[str, Any]:
+    """The first choice of a completion already read as JSON, or InvalidReply saying why not."""
     choices = data.get("choices") if isinstance(data, dict) else None
     if not isinstance(choices, list) or not choices:
         raise InvalidReply("the endpoint answered HTTP 200 with a completion without choices")

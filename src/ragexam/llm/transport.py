@@ -30,6 +30,8 @@ import openai
 import yarl
 from aiohttp.helpers import get_env_proxy_for_url
 
+from ragexam.llm.deferred import RoutableTransport
+
 DEFAULTS = openai.DEFAULT_CONNECTION_LIMITS  # at most 1000 connections, idle ones kept 5 s
 # aiohttp's timeouts, by the httpx2 timeout the SDK reports them as: the most specific first.
 TIMEOUTS: list[tuple[type[BaseException], type[httpx2.TimeoutException]]] = [
@@ -136,19 +138,37 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
 
 def async_http_client(**options: Any) -> Any:
     """The SDK's default async client (its timeout and redirect defaults) over aiohttp, where
-    the SDK takes an httpx2 client; else the SDK's own client, as it is."""
+    the SDK takes an httpx2 client; else the SDK's own client, as it is.
+
+    Over aiohttp, a route set in context (deferred.routed: the batch road) answers its requests
+    instead of the network.
+    """
+    default: Any = openai.DefaultAsyncHttpxClient
+    factory = _httpx2_client()
+    if factory is not None:
+        return factory(transport=RoutableTransport(AiohttpTransport()), **options)
+    return default(**options)
+
+
+def _httpx2_client() -> Any:
+    """The SDK's client class that takes an httpx2 transport, if this openai has one."""
     default: Any = openai.DefaultAsyncHttpxClient
     if isinstance(default, type) and issubclass(default, httpx2.AsyncClient):  # openai 3.x
-        return default(transport=AiohttpTransport(), **options)
-    factory = getattr(openai, "DefaultAsyncHttpx2Client", None)  # openai 2.47 and later
-    if factory is not None:
-        return factory(transport=AiohttpTransport(), **options)
-    return default(**options)
+        return default
+    return getattr(openai, "DefaultAsyncHttpx2Client", None)  # openai 2.47 and later
+
+
+def routable() -> bool:
+    """Whether LLM clients' requests can be taken at the transport (what the batch road needs):
+    not where the SDK only takes an httpx client (openai 2.45 and 2.46)."""
+    return _httpx2_client() is not None
 
 
 def client_kind(client: Any) -> str:
     """Which HTTP stack a client is, for the manifest: aiohttp, or the SDK's own."""
     transport = getattr(client, "_transport", None)
+    if isinstance(transport, RoutableTransport):
+        transport = transport.inner
     if isinstance(transport, AiohttpTransport):
         return "aiohttp"
     return f"openai {openai.__version__}'s own ({type(client).__module__.split('.')[0]})"

@@ -17,6 +17,7 @@ from ragexam.rag.base import Hit
 from ragexam.rag.embedders import Embedder
 
 AGREEMENT_SAMPLE = 4  # stored chunks embedded again before the first query
+TIES = 4  # hits fetched past k, so that chunks tied at the k-th distance are chosen by id
 AGREEMENT = 0.7  # cosine below which the query embedding is another model's (1.0: the same)
 
 
@@ -45,13 +46,14 @@ class Retriever:
         found = await asyncio.to_thread(
             self.collection.query,
             query_embeddings=vectors,
-            n_results=self.k,
-            include=["documents"],
+            n_results=self.k + TIES,
+            include=["documents", "distances"],
         )
         documents = found.get("documents") or [[None] * len(ids) for ids in found["ids"]]
+        distances = found.get("distances") or [[0.0] * len(ids) for ids in found["ids"]]
         return [
-            [Hit(chunk_id, text) for chunk_id, text in zip(ids, texts, strict=True)]
-            for ids, texts in zip(found["ids"], documents, strict=True)
+            _ordered(ids, texts, far)[: self.k]
+            for ids, texts, far in zip(found["ids"], documents, distances, strict=True)
         ]
 
     def check_dimension(self, vectors: list[list[float]]) -> None:
@@ -104,3 +106,12 @@ def cosine(a: Any, b: Any) -> float:
     dot = sum(float(x) * float(y) for x, y in zip(a, b, strict=False))
     norms = sum(float(x) ** 2 for x in a) ** 0.5 * sum(float(y) ** 2 for y in b) ** 0.5
     return dot / norms if norms else 0.0
+
+
+def _ordered(ids: list[str], texts: list[str | None], distances: list[float]) -> list[Hit]:
+    """Hits best first; chunks at the same distance by id, so that a question asked again
+    gets the same chunks in the same order, and so the same prompt (the index returns ties in
+    any order; the batch road matches a result to its row by the very request it was asked
+    with)."""
+    ranked = sorted(zip(distances, ids, texts, strict=True), key=lambda hit: (hit[0], hit[1]))
+    return [Hit(chunk_id, text) for _, chunk_id, text in ranked]

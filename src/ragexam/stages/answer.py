@@ -22,7 +22,8 @@ from ragexam.rag.custom import CustomRag, rag_name, rag_object
 from ragexam.rag.embedders import make_embedder
 from ragexam.rag.given import GivenContext
 from ragexam.rag.retrieval import Retriever
-from ragexam.stages.runner import RunSettings, Stage, StageResult, Task, execute
+from ragexam.stages.batch import run_settings
+from ragexam.stages.runner import Stage, StageResult, Task, execute
 from ragexam.stages.session import Session
 from ragexam.stages.setup import identity, store_ref
 from ragexam.store.chroma import StoreRef, existing_ids, open_collection, release
@@ -100,7 +101,7 @@ def run_answer(settings: Settings, given: Given, session: Session) -> StageResul
         "qa_dataset": str(exam.resolve()),
         "skipped": skipped,
     }
-    how = RunSettings(folder.path, settings.concurrency, given.calls.force, settings.redact)
+    how = run_settings(given, settings)
     if exam_of is not None:
         folder.claim(exam_of)
     outcome = execute(stage, plan, record, how, session)

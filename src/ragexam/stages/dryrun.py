@@ -25,7 +25,7 @@ from ragexam.io.csvfile import read_rows
 from ragexam.io.fingerprint import stale_rows
 from ragexam.io.runfolder import CONTROL_RUNS, RunFolder
 from ragexam.llm.pacing import estimate_tokens, text_tokens
-from ragexam.llm.prices import price_of
+from ragexam.llm.prices import batch_price, price_of
 from ragexam.llm.prompts import context_block, load_prompt
 from ragexam.options import DEFAULT_K, Given
 from ragexam.rag.base import Question
@@ -63,6 +63,13 @@ class Estimate:
     input_tokens: int
     output_tokens: int
     cost_usd: float | None
+    batch_cost_usd: float | None = None  # the same calls through a Batch API
+    batched: bool = False  # --batch or --batch-dir: the batch price is the one that applies
+
+    @property
+    def priced(self) -> float | None:
+        """The cost at the rate that applies: the batch price when batched."""
+        return self.batch_cost_usd if self.batched else self.cost_usd
 
     def record(self) -> dict[str, Any]:
         """As plain values."""
@@ -83,9 +90,10 @@ def estimate(
         calls += 1
         tokens += estimate_tokens(messages)
     output = round(calls * (OUTPUT_TOKENS[stage] if per_call is None else per_call))
-    price = price_of(model, settings)
+    price, batch = price_of(model, settings), batch_price(model, settings)
     cost = price.cost(tokens, output) if price else None
-    return Estimate(stage, model, rows, calls, tokens, output, cost)
+    batch_cost = batch.cost(tokens, output) if batch else None
+    return Estimate(stage, model, rows, calls, tokens, output, cost, batch_cost)
 
 
 def done_rows(

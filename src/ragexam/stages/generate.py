@@ -24,9 +24,10 @@ from ragexam.io.runfolder import RunFolder
 from ragexam.llm.client import LLM, Reply
 from ragexam.llm.prompts import Prompt, load_prompt
 from ragexam.options import Given
+from ragexam.stages.batch import run_settings
 from ragexam.stages.flags import Critique, cheap_flags, critic_flags, join_flags, normalise
 from ragexam.stages.harder import harder_for
-from ragexam.stages.runner import RunSettings, Stage, StageResult, Task, execute
+from ragexam.stages.runner import Stage, StageResult, Task, execute
 from ragexam.stages.session import Session
 from ragexam.stages.setup import identity, store_ref
 from ragexam.store.chroma import (
@@ -115,7 +116,7 @@ def run_generate(settings: Settings, given: Given, session: Session) -> StageRes
         fixed,
         legacy=fixed,  # older versions recorded no temperature: theirs is not a difference
     )
-    how = RunSettings(folder.path, settings.concurrency, given.calls.force, settings.redact)
+    how = run_settings(given, settings)
     folder.claim(exam)
     outcome = execute(stage, plan, plan.manifest(settings), how, session)
     return StageResult(outcome, stage.path, notes=tuple(plan.notes()))
@@ -223,13 +224,16 @@ class GeneratePlan:
             raise RowError("the chunk is empty or whitespace only; nothing to ask about")
         reply = await self.llm.structured(self.messages(task), QAPair)
         question, truth = reply.value.question, reply.value.answer
-        flags = cheap_flags(question, truth, int(task.known["chunk_chars"]), self.seen)
-        self.seen.add(normalise(question))
-        cost = reply.cost()
+        cost, critique = reply.cost(), []
         if self.critic is not None:
             review = await self._review(text, question, truth)
-            flags += critic_flags(review.value)
+            critique = critic_flags(review.value)
             cost = {name: value + review.cost()[name] for name, value in cost.items()}
+        # Once the row is done, and with no wait between: the first question to be done is
+        # the original, and a row the batch road stops at its critic leaves no trace.
+        flags = cheap_flags(question, truth, int(task.known["chunk_chars"]), self.seen)
+        self.seen.add(normalise(question))
+        flags += critique
         return {
             "question": question,
             "ground_truth_answer": truth,

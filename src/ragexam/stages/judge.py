@@ -29,12 +29,12 @@ from ragexam.io.runfolder import RunFolder
 from ragexam.llm.client import LLM
 from ragexam.llm.prompts import Prompt
 from ragexam.options import Given
+from ragexam.stages.batch import run_settings
 from ragexam.stages.exams import INPUTS, Exam, Exams, inputs
 from ragexam.stages.grading import Grader, Sample, ScaleGrader, merged
 from ragexam.stages.marking import KeyPointGrader
 from ragexam.stages.runner import (
     Outcome,
-    RunSettings,
     Stage,
     StageResult,
     Task,
@@ -135,7 +135,7 @@ def _execute(
         "settings": settings.public(),
         **{name: str(path.resolve()) for name, path in zip(INPUTS, inputs(given), strict=True)},
     }
-    how = RunSettings(given.out, settings.concurrency, given.calls.force, settings.redact)
+    how = run_settings(given, settings)
     return execute(stage, plan, record, how, session)
 
 

@@ -10,6 +10,7 @@ judge's fingerprint sees the edit.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
@@ -20,8 +21,9 @@ from ragexam.io.runfolder import RunFolder
 from ragexam.llm.client import LLM
 from ragexam.llm.prompts import Prompt, load_prompt
 from ragexam.options import Given
+from ragexam.stages.batch import run_settings
 from ragexam.stages.exams import Exam, Exams, load_exams
-from ragexam.stages.runner import RunSettings, Stage, StageResult, Task, execute
+from ragexam.stages.runner import Stage, StageResult, Task, execute
 from ragexam.stages.session import Session
 
 COLUMNS = ("document", "question", "ground_truth_answer", "key_points")
@@ -57,7 +59,7 @@ def write_key_points(
     plan = KeyPointsPlan(settings, list(lacking.values()), session)
     stage = Stage("key_points", path, "qa_id", COLUMNS, plan.llm.model, plan.prompt.hash)
     record = {"model": plan.llm.model, "prompt": {"key_points": plan.prompt.hash}}
-    how = RunSettings(path.parent, settings.concurrency, given.calls.force, settings.redact)
+    how = replace(run_settings(given, settings), out=path.parent)  # the batch road, if asked
     outcome = execute(stage, plan, {**record, "settings": settings.public()}, how, session)
     return load_exams(given), StageResult(outcome, path)
 

@@ -24,8 +24,10 @@ from ragexam.errors import (
 )
 from ragexam.io.csvfile import read_rows
 from ragexam.io.fingerprint import changed_inputs, stale_rows
+from ragexam.io.ledger import Ledger
 from ragexam.io.manifest import manifest_room, set_run_field, update_manifest
 from ragexam.io.rowlog import RowLog
+from ragexam.io.runfolder import RunFolder
 from ragexam.llm.pacing import Traffic
 
 if TYPE_CHECKING:
@@ -94,6 +96,7 @@ class Outcome:
     learned_rpm: int | None = None  # the endpoint's rate limit, learned from its 429s
     advised_rpm: int | None = None  # --rpm to pace under it: never below what was admitted
     carried: bool = False  # the limit was learned before this stage, and paced from
+    batch: dict[str, Any] | None = None  # on the batch road: its figures (batches, requests...)
 
     def record(self) -> dict[str, Any]:
         """The figures that go into the manifest."""
@@ -109,7 +112,13 @@ class Outcome:
             "rows_per_second": round(rows / self.seconds, 2) if self.seconds else None,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
+            **({"batch": self.batch} if self.batch is not None else {}),
         }
+
+    @property
+    def waiting(self) -> int:
+        """Requests still waiting for their batch results (--batch-dir)."""
+        return int((self.batch or {}).get("waiting", 0))
 
 
 @dataclass(frozen=True)
@@ -138,6 +147,9 @@ class Progress(Protocol):
     def watch(self, traffic: Traffic) -> None:
         """The counters of the stage's calls (retries, 429s, the current pause), to show."""
 
+    def batches(self, views: Sequence[Any], note: str) -> None:
+        """On the batch road: each batch as the endpoint reports it, and what happens now."""
+
 
 class Runner:
     """Runs a stage's tasks into its RowLog, skipping rows that are already `ok`."""
@@ -161,6 +173,7 @@ class Runner:
         self._auth_failures = 0
         self._previous_errors: dict[str, Mapping[str, Any]] = {}
         self._started: set[str] = set()
+        self._done: set[str] = set()
 
     def resume(self, inputs: Callable[[], Mapping[str, str]] = dict) -> set[str]:
         """Load the output, keep its `ok` rows that are still current, return their keys.
@@ -190,7 +203,12 @@ class Runner:
         if len(ok) < len(rows):  # only to drop rows: a file of `ok` rows is appended to as it is
             self.log.keep({position[key] for key in ok})  # error rows go; they come back
         self.outcome.done_before = len(ok)
+        self._done = set(ok)
         return set(ok)
+
+    def finished(self) -> set[str]:
+        """The rows this run is done with: `ok` before it, or written in it (ok or not)."""
+        return self._done | self._started
 
     def _resume_columns(self) -> list[str]:
         """What resume reads of an `ok` row: its key, status and fingerprint."""
@@ -200,7 +218,7 @@ class Runner:
     async def run(self, tasks: Iterable[Task] | AsyncIterator[Task], work: Work) -> Outcome:
         """Do every task not yet `ok`, `concurrency` at a time, writing rows as they land."""
         started = time.monotonic()
-        source = _aiter(tasks)
+        source = aiter_of(tasks)
         lock = asyncio.Lock()  # an async generator cannot be advanced by two workers at once
         workers = [
             asyncio.create_task(self._worker(source, lock, work)) for _ in range(self.concurrency)
@@ -211,12 +229,16 @@ class Runner:
             for worker in workers:
                 worker.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
-            self.outcome.seconds = time.monotonic() - started
-            try:
-                self._restore_untouched_errors()
-            finally:
-                self.log.close()
+            self.finish(started)
         return self.outcome
+
+    def finish(self, started: float) -> None:
+        """End the run: its time, the error rows it did not reach put back, the file closed."""
+        self.outcome.seconds = time.monotonic() - started
+        try:
+            self._restore_untouched_errors()
+        finally:
+            self.log.close()
 
     async def _worker(self, source: AsyncIterator[Task], lock: asyncio.Lock, work: Work) -> None:
         while True:
@@ -224,14 +246,19 @@ class Runner:
                 task = await anext(source, None)
             if task is None:
                 return
-            values = await self._attempt(task, work)
-            if values is None:
-                self.outcome.dropped += 1
-            else:
-                self._record(task, values)
-            self._started.add(task.key)  # after the write: Ctrl-C mid-call keeps the old row
+            self.settle(task, await self.attempt(task, work))
 
-    async def _attempt(self, task: Task, work: Work) -> dict[str, Any] | None:
+    def settle(self, task: Task, values: dict[str, Any] | None) -> None:
+        """Write the row of a task that is done, ok or not (None: it writes no row)."""
+        if values is None:
+            self.outcome.dropped += 1
+        else:
+            self._record(task, values)
+        self._started.add(task.key)  # after the write: Ctrl-C mid-call keeps the old row
+
+    async def attempt(self, task: Task, work: Work) -> dict[str, Any] | None:
+        """Do one task: its row's values, an error row's, or None (a harder question its
+        verification dropped); what stops the stage is raised."""
         try:
             values = await work(task)
             if values is None:
@@ -313,6 +340,10 @@ class Plan(Protocol):
         ...
 
 
+# The batch road: it does the plan's rows through the runner, as their results come back.
+Road = Callable[[Runner, Plan, "Progress | None"], Awaitable[None]]
+
+
 @dataclass(frozen=True)
 class RunSettings:
     """How the runner runs: the run folder, rows in flight, and what it may redo."""
@@ -321,6 +352,7 @@ class RunSettings:
     concurrency: int
     force: bool = False
     redact: Callable[[str], str] = str
+    road: Road | None = None  # the batch road (stages/batch.py), else the sync road
 
 
 def execute(
@@ -337,12 +369,26 @@ def execute(
         manifest_room(how.out),
         session.observer.progress(label) as progress,
     ):
+        if how.road is None:
+            _note_batches_out(stage, session)
         try:
             return _execute(stage, plan, record, how, progress)
         finally:
             if session.endpoints.rates:  # for the next stage's command on this folder
                 with suppress(OutputFileError):
                     set_run_field(how.out, "endpoints", session.endpoints.saved())
+
+
+def _note_batches_out(stage: Stage, session: Session) -> None:
+    """Say so when requests of the stage are still out in batches: the sync road pays again."""
+    folder = RunFolder(stage.path.parent)
+    out = Ledger(folder.batch_ledger(stage.name), folder.batch_tag(stage.name)).waiting()
+    if out:
+        session.observer.note(
+            f"{stage.name}: {sum(shard.lines for shard in out)} requests are still out in "
+            "batches; rerun with --batch (or --batch-dir) to collect them instead of paying "
+            "for their rows again"
+        )
 
 
 def _execute(
@@ -363,14 +409,21 @@ def _execute(
             if progress is not None:
                 progress.watch(traffic)
                 progress.start(total, len(done))
-            await runner.run(tasks, plan.work)
+            if how.road is None:
+                await runner.run(tasks, plan.work)
+            else:
+                started = time.monotonic()
+                try:
+                    await how.road(runner, plan, progress)
+                finally:
+                    runner.finish(started)
         finally:
             await plan.aclose()
 
     status = "failed"
     try:
         asyncio.run(main())
-        status = "finished"
+        status = "waiting for batch results" if runner.outcome.waiting else "finished"
     except KeyboardInterrupt:
         status = "interrupted"
         raise
@@ -394,7 +447,8 @@ def _traffic(plan: Plan) -> Traffic:
     return llm.pacer.traffic if llm is not None else Traffic()
 
 
-async def _aiter(tasks: Iterable[Task] | AsyncIterator[Task]) -> AsyncIterator[Task]:
+async def aiter_of(tasks: Iterable[Task] | AsyncIterator[Task]) -> AsyncIterator[Task]:
+    """The tasks, as an async iterator whatever they came as."""
     if isinstance(tasks, AsyncIterator):
         async for task in tasks:
             yield task

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from pydantic import SecretStr
+
 from ragexam.config import Settings, Stage, load_settings
 from ragexam.errors import ConfigError
 from ragexam.io.runfolder import Identity
@@ -22,7 +24,7 @@ def settings_for(given: Given, *stages: Stage) -> Settings:
     """The settings of these stages: each one's model is --model, when given."""
     calls, store = given.calls, given.store
     models: dict[str, Any] = {f"{stage}_model": calls.model for stage in stages}
-    return load_settings(
+    settings = load_settings(
         concurrency=calls.concurrency,
         max_error_rate=calls.max_error_rate,
         rpm=calls.rpm,
@@ -33,6 +35,14 @@ def settings_for(given: Given, *stages: Stage) -> Settings:
         chroma_database=store.chroma_database,
         **models,
     )
+    if calls.batch_dir is not None and not (settings.openai_api_key or settings.openai_base_url):
+        # --batch-dir sends no chat call: the requests it writes need no key (vLLM's run-batch
+        # reads them offline). Retrieval through an endpoint still needs one, and says so.
+        settings = settings.model_copy(update={"openai_api_key": SecretStr(NO_KEY)})
+    return settings
+
+
+NO_KEY = "not-needed-for-batch-dir"
 
 
 def store_ref(given: Given, settings: Settings, session: Session) -> StoreRef:

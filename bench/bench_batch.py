@@ -1,0 +1,221 @@
+"""Benchmark the batch road: a million judge rows to shards and back, and batch against sync.
+
+    uv run python bench/bench_batch.py [--rows 1000000] [--compare 10000] [--folder DIR]
+
+Part 1, at --rows: the judge's inputs are bench_stats' synthetic run (qa_dataset.csv and
+answers.csv, the columns and text sizes ragexam writes). In fresh child processes it times
+`pandas.read_csv` of both; `ragexam judge --batch-dir` writing the request shards; and the same
+command merging one result line per request (written here as OpenAI's Batch API writes them).
+Each figure is the batch road's own: from its first row to its last, and the peak resident
+memory it adds over what the stage held when it began (the exam and the answers, read by the
+judge whichever road it takes); the whole command's time and peak are printed beside. Targets:
+shards ÷ read_csv ≤ 2, merge ÷ read_csv ≤ 3, each peak ≤ that of `stats` at the same rows.
+
+Part 2, at --compare rows: the same exam judged through the test server's Batch API and
+through the sync road: calls and tokens identical, cost at most half (gpt-4o-mini's table prices).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from bench_stats import _maxrss_mb, timed, write_run
+from common import ROOT, FakeOpenAI, run_stage
+
+JUDGE_INPUTS = ("qa_dataset.csv", "answers.csv")
+REPLY = {
+    "reasoning": "The answer has the ground truth's two facts, and one more.",
+    "conciseness": 0.7,
+}
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def measure_road(run: Path, files: Path, trace: bool = False) -> None:
+    """In a fresh process: `ragexam judge --batch-dir`, the road's own seconds and peak
+    (with `trace`, and slower: the peak of what the road allocated, by tracemalloc)."""
+    import ragexam
+    from ragexam.errors import BatchPending
+    from ragexam.stages import batch
+
+    real, figures = batch.drive, {}
+
+    async def drive(*args: Any) -> None:
+        figures["reading_mb"] = _maxrss_mb()  # the peak before the road: reading the inputs
+        _forget_peak()  # ... forgotten, to see the road's own
+        before, started = _rss_mb(), time.perf_counter()
+        if trace:
+            tracemalloc.start()
+        await real(*args)
+        figures.update(seconds=time.perf_counter() - started, mb=_maxrss_mb() - before)
+        if trace:  # what the road allocated at its peak, whether or not the RSS had room
+            figures["traced_mb"] = tracemalloc.get_traced_memory()[1] / 2**20
+            tracemalloc.stop()
+
+    batch.drive = drive  # type: ignore[assignment]
+    started, floor = time.perf_counter(), _maxrss_mb()
+    with contextlib.suppress(BatchPending):  # requests wait: what the first run ends with
+        ragexam.judge(out=run, controls=0, batch_dir=files, concurrency=1)
+    peak = max(_maxrss_mb(), figures.pop("reading_mb", 0.0))
+    whole = {"whole_seconds": time.perf_counter() - started, "whole_mb": peak - floor}
+    print(json.dumps({**figures, **whole}))
+
+
+def _forget_peak() -> None:
+    """Reset this process's peak resident memory to what it holds now (Linux 4.0 and later)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def measure_read(run: Path) -> None:
+    """In a fresh process: read_csv of the judge's two inputs."""
+    before, started = _maxrss_mb(), time.perf_counter()
+    frames = [pd.read_csv(run / name) for name in JUDGE_INPUTS]
+    print(json.dumps({"seconds": time.perf_counter() - started, "mb": _maxrss_mb() - before}))
+    del frames
+
+
+def child(action: str, *paths: Path) -> dict[str, float]:
+    command = [sys.executable, __file__, "--measure", action, *map(str, paths)]
+    done = subprocess.run(command, check=True, capture_output=True, text=True, env=_env())
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "RAGEXAM_"))}
+    return {**env, "RAGEXAM_MODEL": "gpt-4o-mini", "PYTHONPATH": str(ROOT / "bench")}
+
+
+def answer_everything(files: Path) -> int:
+    """One OpenAI-shaped result line per request line, as the Batch API writes them."""
+    results = files / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    count = 0
+    for path in sorted((files / "requests").glob("*.jsonl")):
+        with path.open("rb") as source, (results / path.name).open("w") as out:
+            for line in source:
+                custom_id = json.loads(line[: line.index(b',"method"')] + b"}")["custom_id"]
+                out.write(_result(custom_id, count) + "\n")
+                count += 1
+    return count
+
+
+def _result(custom_id: str, n: int) -> str:
+    grade = {**REPLY, "completeness": (n % 11) / 10}
+    message = {"role": "assistant", "content": json.dumps(grade), "refusal": None}
+    body = {
+        "id": f"chatcmpl-{n}",
+        "object": "chat.completion",
+        "created": 1760000000,
+        "model": "gpt-4o-mini",
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 420, "completion_tokens": 31, "total_tokens": 451},
+    }
+    response = {"status_code": 200, "request_id": f"req_{n}", "body": body}
+    return json.dumps(
+        {"id": f"batch_req_{n}", "custom_id": custom_id, "response": response, "error": None}
+    )
+
+
+def part_one(folder: Path, rows: int, trace: bool) -> None:
+    if not (folder / "qa_dataset.csv").exists():
+        write_run(folder, rows, max(rows // 200, 1))
+    run, files = folder / "judge-run", folder / "batch"
+    for old in (run, files):  # a reused folder: from scratch, but for the inputs
+        shutil.rmtree(old, ignore_errors=True)
+    run.mkdir()
+    for name in JUDGE_INPUTS:
+        target = run / name
+        if not target.exists():
+            target.symlink_to(folder / name)
+    read = child("read", run)
+    _say("read_csv of the two inputs", read)
+    shards = child("road", run, files)
+    _say("writing the request shards", shards)
+    lines = answer_everything(files)
+    merge = child("road", run, files)
+    _say(f"merging {lines:,} result lines", merge)
+    if trace:  # again, each under tracemalloc: what the road itself allocates at its peak
+        for old in (run / "batches", files):
+            shutil.rmtree(old, ignore_errors=True)
+        for old in (run / "judgments.csv", run / "manifest.json"):
+            old.unlink(missing_ok=True)
+        traced = child("trace", run, files)["traced_mb"]
+        answer_everything(files)
+        merged = child("trace", run, files)["traced_mb"]
+        print(f"traced by the road: shards {traced:.0f} MB, merge {merged:.0f} MB", flush=True)
+    _, stats_mb = timed("stats", folder)
+    print(f"stats peak RSS +{stats_mb:.0f} MB (bench_stats' run at {rows:,} rows)")
+    print(f"shards / read_csv = {shards['seconds'] / read['seconds']:.2f} (target <= 2)")
+    print(f"merge  / read_csv = {merge['seconds'] / read['seconds']:.2f} (target <= 3)")
+    print(f"peaks: shards +{shards['mb']:.0f} MB, merge +{merge['mb']:.0f} MB (target <= stats)")
+
+
+def _say(what: str, figures: dict[str, float]) -> None:
+    whole = (
+        f"; whole command {figures['whole_seconds']:.1f} s, +{figures['whole_mb']:.0f} MB"
+        if "whole_seconds" in figures
+        else ""
+    )
+    print(
+        f"{what:<34} {figures['seconds']:7.2f} s  peak +{figures['mb']:5.0f} MB{whole}", flush=True
+    )
+
+
+def part_two(rows: int) -> None:
+    from bench_judge import write_exam
+
+    with tempfile.TemporaryDirectory() as tmp, FakeOpenAI() as server:
+        env = {**_env(), "OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "bench"}
+        env |= {"RAGEXAM_BATCH_POLL": "0.2", "RAGEXAM_JUDGE_MODEL": "gpt-4o-mini"}
+        records = {}
+        for road in ("sync", "batch"):
+            write_exam(Path(tmp) / road, rows)
+            options = ["judge", "--controls", "0", "--concurrency", "32"]
+            options += ["--batch"] if road == "batch" else []
+            records[road] = run_stage(env, Path(tmp) / road, options)
+        calls = {"sync": server.count(), "batch": len(server.batch_requests)}
+    sync, batch = records["sync"], records["batch"]
+    print(f"{rows:,} rows: calls sync {calls['sync']:,}, batch {calls['batch']:,}")
+    print(f"  tokens billed: sync {sync['tokens_billed']}, batch {batch['tokens_billed']}")
+    print(f"  cost: sync ${sync['cost_usd']:.4f}, batch ${batch['cost_usd']:.4f}")
+    print(f"  batch / sync cost = {batch['cost_usd'] / sync['cost_usd']:.3f} (target <= 0.5)")
+    print(f"  wall: sync {sync['seconds']:.1f} s, batch {batch['seconds']:.1f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--compare", type=int, default=10_000)
+    parser.add_argument("--folder", type=Path, help="reuse (or keep) the inputs here")
+    parser.add_argument("--trace", action="store_true", help="also trace the road's allocations")
+    parser.add_argument("--measure", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure:
+        action, *paths = args.measure
+        if action == "read":
+            return measure_read(Path(paths[0]))
+        return measure_road(Path(paths[0]), Path(paths[1]), trace=action == "trace")
+    with tempfile.TemporaryDirectory() as tmp:
+        part_one(args.folder or Path(tmp), args.rows, args.trace)
+    part_two(args.compare)
+
+
+if __name__ == "__main__":
+    main()

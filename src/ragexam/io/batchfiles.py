@@ -1,0 +1,226 @@
+"""Batch files: request shards streamed to disk, and result lines in OpenAI's or vLLM's shape.
+
+A request line is OpenAI's batch input: `{"custom_id", "method", "url", "body"}`, the body the
+exact bytes the sync path sends. A shard holds at most MAX_LINES requests and MAX_BYTES bytes,
+and is written under a `.part` name, then renamed, so a reader never sees half of one.
+
+A custom_id is `TAG~N~DIGEST~KEY`: the stage's tag, the row's call number, the digest of the
+request's body, and the row's key (last, so that a key may hold any character). A result is
+only ever merged into the call of the row whose body has that digest now.
+
+Result lines come in two shapes (tests/batch_api.py records both): OpenAI's, whose failures
+carry their HTTP body or, for lines never run, `"response": null` and an error code; and
+vLLM's, one file in input order, a failure's body null and its error an object or a string.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from json.decoder import scanstring  # type: ignore[attr-defined]
+from json.encoder import encode_basestring
+from pathlib import Path
+from typing import Any
+
+from ragexam.io.atomic import write_error
+
+MAX_LINES = 50_000  # OpenAI's limits per batch input file
+MAX_BYTES = 200 * 1024 * 1024
+BUFFER = 1 << 20
+UNRUN = 0  # the status of a line that never ran (expired, cancelled, a batch that failed)
+_CUSTOM_ID = b'"custom_id"'
+
+
+def custom_id(tag: str, call: int, digest: str, key: str) -> str:
+    """The id of one request: which stage, call and body it is, for which row."""
+    return f"{tag}~{call}~{digest}~{key}"
+
+
+def parse_custom_id(text: str) -> tuple[str, int, str, str] | None:
+    """(tag, call, digest, key) of a custom_id of ours, else None."""
+    parts = text.split("~", 3)
+    if len(parts) != 4 or not parts[1].isdigit():
+        return None
+    return parts[0], int(parts[1]), parts[2], parts[3]
+
+
+def request_line(identifier: str, url: str, body: bytes) -> bytes:
+    """One batch input line, the body embedded byte for byte."""
+    head = f'{{"custom_id":{encode_basestring(identifier)},"method":"POST","url":'
+    return b"".join((head.encode(), encode_basestring(url).encode(), b',"body":', body, b"}\n"))
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A finished shard: its name, file, the file of its custom_ids, and its size."""
+
+    name: str
+    path: Path
+    ids: Path
+    lines: int
+    size: int
+
+
+class ShardWriter:
+    """Streams request lines into shard files of at most MAX_LINES lines and MAX_BYTES bytes.
+
+    Each finished shard is handed to `done` (which records it) before the next one begins.
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        ids_folder: Path,
+        names: Iterator[str],
+        done: Callable[[Shard], None],
+    ) -> None:
+        self.folder, self.ids_folder, self.names, self.done = folder, ids_folder, names, done
+        self.max_lines, self.max_bytes = MAX_LINES, MAX_BYTES
+        self.lines = 0  # requests written in all
+        self._file: Any = None
+        self._ids: Any = None
+        self._name = ""
+        self._count = self._size = 0
+
+    def write(self, identifier: str, line: bytes) -> None:
+        """Add one request line, starting a new shard when this one is full."""
+        if self._file is not None and (
+            self._count >= self.max_lines or self._size + len(line) > self.max_bytes
+        ):
+            self.close()
+        if self._file is None:
+            self._open()
+        self._file.write(line)
+        self._ids.write(identifier + "\n")
+        self._count += 1
+        self._size += len(line)
+        self.lines += 1
+
+    def _open(self) -> None:
+        self._name = next(self.names)
+        for folder in (self.folder, self.ids_folder):
+            folder.mkdir(parents=True, exist_ok=True)
+        self._file = self._part(self.folder / f"{self._name}.jsonl").open("wb", buffering=BUFFER)
+        ids = self._part(self.ids_folder / f"{self._name}.ids")
+        self._ids = ids.open("w", encoding="utf-8", buffering=BUFFER)
+        self._count = self._size = 0
+
+    @staticmethod
+    def _part(path: Path) -> Path:
+        return path.with_name(path.name + ".part")
+
+    def close(self) -> None:
+        """Finish the shard being written: on disk, under its name, then recorded."""
+        if self._file is None:
+            return
+        path = self.folder / f"{self._name}.jsonl"
+        ids = self.ids_folder / f"{self._name}.ids"
+        for handle, final in ((self._ids, ids), (self._file, path)):
+            try:
+                handle.flush()
+                os.fsync(handle.fileno())
+                handle.close()
+                self._part(final).replace(final)
+            except OSError as exc:
+                raise write_error(final, exc, "; make room and rerun the same command") from None
+        self._file = self._ids = None
+        self.done(Shard(self._name, path, ids, self._count, self._size))
+
+    def abandon(self) -> None:
+        """Drop the shard being written (a crash leaves the same: a `.part` file, unrecorded)."""
+        for handle in (self._file, self._ids):
+            if handle is not None:
+                handle.close()
+        self._file = self._ids = None
+
+
+def read_ids(path: Path) -> Iterator[str]:
+    """The custom_ids of a shard."""
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                yield line.rstrip("\n")
+
+
+# -- results -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One request's result: its HTTP status (UNRUN when it never ran) and body, or why not."""
+
+    custom_id: str
+    status: int
+    body: Any
+    reason: str = ""
+
+
+def scan_results(path: Path) -> Iterator[tuple[str, int, int]]:
+    """(custom_id, offset, length) of every line of a result file that names one."""
+    offset = 0
+    with path.open("rb", buffering=BUFFER) as handle:
+        for line in handle:
+            found = _find_custom_id(line)
+            if found is not None:
+                yield found, offset, len(line)
+            offset += len(line)
+
+
+def _find_custom_id(line: bytes) -> str | None:
+    """The custom_id of a result line, read without parsing the whole line."""
+    at = line.find(_CUSTOM_ID)
+    if at < 0:
+        return None
+    start = line.find(b'"', line.find(b":", at + len(_CUSTOM_ID)) + 1)
+    if start < 0:
+        return None
+    try:
+        text = line[start:].decode("utf-8", errors="replace")
+        value, _ = scanstring(text, 1)
+    except ValueError:
+        return None
+    return str(value)
+
+
+def parse_answer(line: bytes) -> Answer | None:
+    """A result line, in either shape, as an Answer; None for a line that is not one."""
+    try:
+        data = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("custom_id"), str):
+        return None
+    response, error = data.get("response"), data.get("error")
+    if not isinstance(response, dict):  # never ran: OpenAI's {"code", "message"}
+        return Answer(data["custom_id"], UNRUN, None, _reason(error))
+    status = response.get("status_code")
+    status = status if isinstance(status, int) else 500
+    body = response.get("body")
+    if status != 200 and body is None:  # vLLM: the error is beside the response
+        body = error if isinstance(error, dict) else {"error": {"message": _reason(error)}}
+    return Answer(data["custom_id"], status, body)
+
+
+def _reason(error: Any) -> str:
+    if isinstance(error, dict):
+        nested = error.get("error")
+        inner: dict[str, Any] = nested if isinstance(nested, dict) else error
+        code, message = inner.get("code"), inner.get("message")
+        return " ".join(str(part) for part in (f"{code}:" if code else "", message) if part)
+    return str(error or "the batch gave no result for this request")
+
+
+def unrun_line(identifier: str, code: str, message: str) -> bytes:
+    """A result line for a request that never ran, as OpenAI's error file has it."""
+    line = {"custom_id": identifier, "response": None, "error": {"code": code, "message": message}}
+    return json.dumps(line, ensure_ascii=False).encode() + b"\n"
+
+
+def refused_line(identifier: str, status: int, message: str) -> bytes:
+    """A result line for a request the endpoint refused with an HTTP status."""
+    error = {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+    response = {"status_code": status, "body": {"error": error}}
+    line = {"custom_id": identifier, "response": response, "error": None}
+    return json.dumps(line, ensure_ascii=False).encode() + b"\n"

@@ -1,0 +1,173 @@
+"""The batch ledger: what a stage has sent and received on the batch road, one event a line.
+
+Every event is appended and flushed to disk before the step that depends on it: a shard is
+recorded once written, its batch the moment the endpoint made it. A process killed at any
+point leaves a ledger that says what exists: a rerun reattaches to the batches in flight and
+never sends their rows again. A torn last line (a kill mid-write) is ignored.
+
+Paths inside the run folder are recorded relative to it, so that the folder may be moved or
+named otherwise on the next run; others (a --batch-dir) are recorded resolved.
+
+    shard      a request file written: its name, path, custom_ids file, lines, bytes, mode
+    uploaded   its file is at the endpoint (file_id)
+    submitted  its batch exists (batch_id)
+    resubmit   its batch was refused for now (the queue was full): submit the file again
+    ended      its batch ended (status), its results are on disk (files)
+    resolved   every line has a result: its rows are no longer in flight
+    merged     result files whose lines are spent: rows were written from them
+    carry      the file of results kept for rows that wait on a later call
+    seen       a result file of --batch-dir's, merged as it was (size, mtime)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ragexam.io.atomic import write_error
+
+
+@dataclass
+class ShardState:
+    """One shard, as far as it has gone."""
+
+    name: str
+    path: Path
+    ids: Path
+    lines: int
+    url: str = "/v1/chat/completions"  # the endpoint of every request it holds
+    mode: str = "api"  # sent through the endpoint's Batch API ("api") or to a folder ("dir")
+    file_id: str | None = None
+    batch_id: str | None = None
+    submitted_at: float | None = None
+    status: str | None = None  # the batch's status when it ended
+    ended_at: float | None = None
+    results: list[Path] = field(default_factory=list)
+    resolved: bool = False
+
+    @property
+    def waiting(self) -> bool:
+        """Its rows are in flight: no result has come back for them yet."""
+        return not self.resolved
+
+
+class Ledger:
+    """A stage's batch ledger: its shards and result files, replayed from its events."""
+
+    def __init__(self, path: Path, tag: str) -> None:
+        self.path, self.tag = path, tag
+        self.root = path.parent.parent  # the run folder: OUT/batches/TAG.jsonl
+        self.shards: dict[str, ShardState] = {}
+        self.merged: set[Path] = set()
+        self.carry: Path | None = None
+        self.seen: dict[Path, tuple[int, int]] = {}
+        self.count = 0  # shards ever written: names are numbered on
+        for event in self._events():
+            self._apply(event)
+
+    def _events(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        events = []
+        for line in self.path.read_bytes().split(b"\n"):
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # a torn last line
+            if isinstance(event, dict):
+                events.append(event)
+        return events
+
+    def record(self, event: str, **values: Any) -> None:
+        """Append one event, on disk before this returns."""
+        entry = {"event": event, **{name: self._out(value) for name, value in values.items()}}
+        data = (json.dumps(entry, default=str, ensure_ascii=False) + "\n").encode()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with self.path.open("ab") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError as exc:
+            raise write_error(self.path, exc, "; make room and rerun the same command") from None
+        self._apply(entry)
+
+    def _out(self, value: Any) -> Any:
+        """A value as recorded: a path inside the run folder relative to it."""
+        if isinstance(value, list):
+            return [self._out(item) for item in value]
+        if not isinstance(value, Path):
+            return value
+        full = value.resolve()
+        root = self.root.resolve()
+        return str(full.relative_to(root)) if full.is_relative_to(root) else str(full)
+
+    def file(self, recorded: str) -> Path:
+        """A recorded path, as a path to open."""
+        path = Path(recorded)
+        return path if path.is_absolute() else self.root / path
+
+    def _apply(self, event: dict[str, Any]) -> None:
+        kind, name = event.get("event"), event.get("name", "")
+        shard = self.shards.get(name)
+        if kind == "shard":
+            path, ids = self.file(event["path"]), self.file(event["ids"])
+            url = str(event.get("url") or "/v1/chat/completions")
+            mode = str(event.get("mode") or "api")
+            self.shards[name] = ShardState(name, path, ids, int(event["lines"]), url, mode)
+            self.count += 1
+        elif shard is not None and kind in SHARD_EVENTS:
+            SHARD_EVENTS[kind](self, shard, event)
+        elif kind == "merged":
+            self.merged.update(self.file(item) for item in event["files"])
+        elif kind == "carry":
+            self.carry = self.file(event["file"]) if event.get("file") else None
+        elif kind == "seen":
+            self.seen[self.file(event["file"])] = (int(event["size"]), int(event["mtime_ns"]))
+
+    def next_name(self) -> str:
+        """The name of the next shard: `judge-000001`, numbered on across reruns.
+
+        A name is taken when its shard is recorded: a shard a crash left unrecorded (a `.part`
+        file) is written again under the same name.
+        """
+        return f"{self.tag}-{self.count + 1:06d}"
+
+    def waiting(self) -> list[ShardState]:
+        """The shards whose rows are in flight."""
+        return [shard for shard in self.shards.values() if shard.waiting]
+
+
+def _uploaded(ledger: Ledger, shard: ShardState, event: dict[str, Any]) -> None:
+    shard.file_id = event["file_id"]
+
+
+def _submitted(ledger: Ledger, shard: ShardState, event: dict[str, Any]) -> None:
+    shard.batch_id, shard.submitted_at = event["batch_id"], float(event.get("at") or time.time())
+
+
+def _resubmit(ledger: Ledger, shard: ShardState, event: dict[str, Any]) -> None:
+    shard.batch_id = None
+
+
+def _ended(ledger: Ledger, shard: ShardState, event: dict[str, Any]) -> None:
+    shard.status, shard.ended_at = event["status"], float(event.get("at") or time.time())
+    shard.results = [ledger.file(item) for item in event.get("files", [])]
+    shard.resolved = True
+
+
+def _resolved(ledger: Ledger, shard: ShardState, event: dict[str, Any]) -> None:
+    shard.resolved = True
+
+
+SHARD_EVENTS = {
+    "uploaded": _uploaded,
+    "submitted": _submitted,
+    "resubmit": _resubmit,
+    "ended": _ended,
+    "resolved": _resolved,
+}

@@ -1,0 +1,173 @@
+"""--batch: shards go to the endpoint's Batch API; ragexam waits, reattaching after any crash.
+
+A shard's file is uploaded and its batch created, each step recorded in the ledger as soon as
+it is done. A rerun resumes from the ledger: a shard uploaded but not recorded as submitted is
+looked for among the endpoint's batches before a batch is made of it, so no row is paid twice.
+
+When a batch ends, its output and error files are downloaded, and every request it left
+without a result line gets one that says why (expired, cancelled, refused): the next pass
+retries those within the retry budget, or writes the row as an error with that reason. A batch
+refused because the queue is full (token_limit_exceeded) is submitted again later, at no cost
+to its rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ragexam.errors import EndpointError
+from ragexam.io.batchfiles import read_ids, refused_line, scan_results, unrun_line
+from ragexam.io.ledger import ShardState
+from ragexam.llm.batchapi import BatchApi, BatchView
+
+if TYPE_CHECKING:
+    from ragexam.stages.batch import BatchRoad
+
+QUEUE_FULL = "token_limit_exceeded"  # the Batch API's "try again once some batches are done"
+FIRST_POLL = 0.5  # seconds before the first look at a new batch; doubled up to the poll setting
+POLL_FAILURES = 10  # looks in a row that fail before the wait stops (a rerun reattaches)
+RESUBMITS = 20  # a shard refused for a full queue this many times in one run gives up
+
+
+async def api_rounds(road: BatchRoad) -> None:
+    """Rounds until no shard waits: merge and send, submit, wait for a batch to end."""
+    api = BatchApi(road.mode.settings)
+    waiter = Waiter(road, api)
+    first = True
+    try:
+        while True:
+            fresh = [path for shard in road.ledger.shards.values() for path in shard.results]
+            fresh = [path for path in fresh if path not in road.ledger.merged]
+            if first or fresh:  # no new result, no row can move on: no pass
+                await road.round(road.files / "requests", fresh)
+                first = False
+            await waiter.submit()
+            if not road.ledger.waiting():
+                return
+            await waiter.wait()
+    finally:
+        await api.aclose()
+
+
+class Waiter:
+    """Submits a stage's shards and waits on their batches."""
+
+    def __init__(self, road: BatchRoad, api: BatchApi) -> None:
+        self.road, self.api = road, api
+        self.poll = road.mode.settings.batch_poll
+        self.unsure = {s.name for s in road.ledger.waiting() if s.file_id and not s.batch_id}
+        self.refusals: dict[str, int] = {}
+        self.pause_until = 0.0  # after a full queue, no submission before this
+
+    async def submit(self) -> None:
+        """Upload and submit every waiting shard that has no batch yet."""
+        if time.monotonic() < self.pause_until:
+            return
+        for shard in self.road.ledger.waiting():
+            if shard.batch_id is None:
+                await self._submit(shard)
+
+    async def _submit(self, shard: ShardState) -> None:
+        ledger = self.road.ledger
+        if shard.file_id is None:
+            self.road.note(f"uploading {shard.name} ({shard.lines} requests)")
+            ledger.record("uploaded", name=shard.name, file_id=await self.api.upload(shard.path))
+        assert shard.file_id is not None
+        found = await self.api.find(shard.file_id) if shard.name in self.unsure else None
+        self.unsure.discard(shard.name)  # a crash after create, before the ledger knew
+        if found is None:
+            metadata = {"ragexam_shard": shard.name}
+            found = await self.api.create(shard.file_id, shard.url, metadata)
+            self.road.batches += 1
+        ledger.record("submitted", name=shard.name, batch_id=found.id, at=found.created_at)
+
+    async def wait(self) -> None:
+        """Look at the batches in flight until one ends; collect what each ended one left."""
+        delay, failures = min(FIRST_POLL, self.poll), 0
+        while True:
+            shards = [s for s in self.road.ledger.waiting() if s.batch_id]
+            if not shards:  # every shard waits to be submitted again: wait out the pause
+                await asyncio.sleep(max(self.pause_until - time.monotonic(), 0.0))
+                return
+            try:
+                views = [await self.api.retrieve(str(s.batch_id)) for s in shards]
+            except EndpointError:
+                failures += 1
+                if failures >= POLL_FAILURES:
+                    raise
+                views = []
+            else:
+                failures = 0
+            ended = [(s, v) for s, v in zip(shards, views, strict=False) if v.ended]
+            self.road.note(_waiting(views, shards), views)
+            if ended:
+                for shard, view in ended:
+                    await self.collect(shard, view)
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.poll)
+
+    async def collect(self, shard: ShardState, view: BatchView) -> None:
+        """The results an ended batch left, one line for every request it was sent."""
+        full = view.status == "failed" and any(code == QUEUE_FULL for code, _, _ in view.errors)
+        if full and self._refused_again(shard):
+            self.road.ledger.record("resubmit", name=shard.name, reason=QUEUE_FULL)
+            return
+        self.road.note(f"downloading the results of {view.id}")
+        folder, files = self.road.files, []
+        for kind, file_id in (("output", view.output_file_id), ("errors", view.error_file_id)):
+            if file_id:
+                files.append(folder / f"{view.id}.{kind}.jsonl")
+                await self.api.download(file_id, files[-1])
+        rest = _unanswered(shard, files)
+        if rest:
+            files.append(_write_unanswered(folder / f"{view.id}.unrun.jsonl", rest, view))
+        self.road.ledger.record("ended", name=shard.name, status=view.status, files=files, at=now())
+
+    def _refused_again(self, shard: ShardState) -> bool:
+        """Whether a shard refused for a full queue is to be submitted again (not given up)."""
+        self.refusals[shard.name] = self.refusals.get(shard.name, 0) + 1
+        self.pause_until = time.monotonic() + self.poll
+        return self.refusals[shard.name] < RESUBMITS
+
+
+def _unanswered(shard: ShardState, files: list[Path]) -> list[str]:
+    """The custom_ids of the shard that no result file answers."""
+    answered = {identifier for path in files for identifier, _, _ in scan_results(path)}
+    return [identifier for identifier in read_ids(shard.ids) if identifier not in answered]
+
+
+def _write_unanswered(path: Path, identifiers: list[str], view: BatchView) -> Path:
+    """Result lines for requests a batch left unanswered, saying why."""
+    with path.open("wb") as handle:
+        for identifier in identifiers:
+            handle.write(_why(identifier, view))
+    return path
+
+
+def _why(identifier: str, view: BatchView) -> bytes:
+    """Why a request of this batch has no result: a refusal is final, the rest are retried."""
+    if view.status == "failed":
+        said = "; ".join(f"{code}: {message}" for code, message, _ in view.errors) or "no reason"
+        return refused_line(identifier, 400, f"the Batch API refused batch {view.id}: {said}")
+    if view.status in ("expired", "cancelled"):
+        message = f"batch {view.id} {view.status} before this request ran"
+        return unrun_line(identifier, f"batch_{view.status}", message)
+    return unrun_line(identifier, "no_result", f"batch {view.id} gave no result for this request")
+
+
+def _waiting(views: list[BatchView], shards: list[ShardState]) -> str:
+    """One line on the batches in flight."""
+    if not views:
+        return f"waiting on {len(shards)} batches"
+    done = sum(view.completed + view.failed for view in views)
+    total = sum(view.total for view in views)
+    return f"{len(views)} batches in flight, {done}/{total} requests answered"
+
+
+def now() -> float:
+    """Seconds since the epoch, as batches are stamped."""
+    return time.time()

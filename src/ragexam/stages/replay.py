@@ -1,0 +1,230 @@
+"""One pass of the batch road over a stage's rows: each is done as far as its results reach.
+
+Every row still to do is run through the stage's own work, its calls answered from the results
+come back for it (llm/deferred.py). A row whose calls are all answered is written, ok or error,
+exactly as the sync road writes it. A row that reaches a call without a result stops there:
+its request goes into a shard, unless that very request is already out. The results a waiting
+row went through are carried to the next pass; every other result is spent.
+
+A row's work is run again from its start at each pass, up to its first call without a
+result. So a stage's work must change nothing outside its row before its last call: what it
+keeps across rows (generate's questions seen, for its duplicate flag) it keeps once the row
+is done.
+
+Memory stays flat at a million rows: the index holds keys and file offsets, never results,
+and a row's results are read from disk when its turn comes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+from ragexam.io.batchfiles import (
+    Shard,
+    ShardWriter,
+    custom_id,
+    parse_answer,
+    parse_custom_id,
+    read_ids,
+    request_line,
+    scan_results,
+)
+from ragexam.io.ledger import Ledger
+from ragexam.llm.deferred import Deferred, Known, RowCalls, calls_of
+from ragexam.stages.runner import Plan, Runner, Task, aiter_of
+
+_OFFSET_BITS, _LENGTH_BITS = 40, 32  # a location: file number, offset and length in one int
+
+
+def token(call: int, digest: str) -> int:
+    """One request of a row, in an int: which call, with which body."""
+    return (int(digest, 16) << 16) | (call & 0xFFFF)
+
+
+def outstanding(ledger: Ledger) -> dict[str, int]:
+    """The request each row has out, by its key, from the shards still waiting."""
+    out: dict[str, int] = {}
+    for shard in ledger.waiting():
+        for identifier in read_ids(shard.ids):
+            parsed = parse_custom_id(identifier)
+            if parsed is not None:
+                out[parsed[3]] = token(parsed[1], parsed[2])
+    return out
+
+
+class ResultIndex:
+    """Where the results of each row are, in the files being merged: keys and offsets only."""
+
+    def __init__(self, tag: str, files: list[tuple[Path, bool]], done: set[str]) -> None:
+        self.files = files  # (path, fresh): fresh files are new to this run, carried ones not
+        self.fresh = 0  # lines of fresh files indexed: results new to this run
+        self._where: dict[str, int | list[int]] = {}
+        self._handles: list[int] = []
+        for number, (path, _) in enumerate(files):
+            self._handles.append(os.open(path, os.O_RDONLY))
+            self._scan(tag, number, path, done)
+
+    def _scan(self, tag: str, number: int, path: Path, done: set[str]) -> None:
+        for identifier, offset, length in scan_results(path):
+            parsed = parse_custom_id(identifier)
+            if parsed is None or parsed[0] != tag or parsed[3] in done:
+                continue  # another stage's, or a row already written
+            self.fresh += self.files[number][1]
+            location = (number << (_OFFSET_BITS + _LENGTH_BITS)) | (offset << _LENGTH_BITS) | length
+            known = self._where.get(parsed[3])
+            if known is None:
+                self._where[parsed[3]] = location
+            elif isinstance(known, list):
+                known.append(location)
+            else:
+                self._where[parsed[3]] = [known, location]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._where
+
+    def keys(self) -> Iterator[str]:
+        """The rows with results."""
+        return iter(self._where)
+
+    def take(self, key: str) -> dict[str, list[Known]]:
+        """A row's results by body digest, in the order asked, read from disk (and forgotten
+        here); a request answered twice (a result file merged twice) counts once."""
+        found = self._where.pop(key, None)
+        locations = [] if found is None else found if isinstance(found, list) else [found]
+        by_call: dict[tuple[int, str], Known] = {}
+        for location in locations:
+            number = location >> (_OFFSET_BITS + _LENGTH_BITS)
+            offset = (location >> _LENGTH_BITS) & ((1 << _OFFSET_BITS) - 1)
+            line = os.pread(self._handles[number], location & ((1 << _LENGTH_BITS) - 1), offset)
+            answer = parse_answer(line)
+            parsed = parse_custom_id(answer.custom_id) if answer else None
+            if answer is not None and parsed is not None:
+                fresh = self.files[number][1]
+                by_call.setdefault(parsed[1:3], Known(answer, parsed[1], fresh, line))
+        known: dict[str, list[Known]] = {}
+        for (_, digest), item in sorted(by_call.items()):
+            known.setdefault(digest, []).append(item)
+        return known
+
+    def close(self) -> None:
+        """Close the files."""
+        for handle in self._handles:
+            os.close(handle)
+        self._handles = []
+
+
+class Pass:
+    """One pass over the rows still to do: write those that are done, send the rest's calls."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        plan: Plan,
+        ledger: Ledger,
+        index: ResultIndex,
+        out: dict[str, int],
+        folders: tuple[Path, Path],  # where request shards go, and where ragexam keeps its files
+        mode: str,  # "api" or "dir", recorded with each shard
+    ) -> None:
+        self.runner, self.plan, self.ledger, self.index, self.out = runner, plan, ledger, index, out
+        self.requests, self.files = folders
+        self.mode = mode
+        self.sent = 0  # requests written to shards
+        self.written = 0  # rows written
+        self.shards: list[Shard] = []
+        self._writers: dict[str, ShardWriter] = {}
+        self._carry: IO[bytes] | None = None
+        self._carry_path = self.files / f"carry-{time.time_ns()}.jsonl"  # never the one read
+
+    async def run(self, done: set[str]) -> None:
+        """Go through every row not done, nor waiting on a request already out."""
+        idle = {key for key in self.out if key not in self.index}  # out, and nothing back yet
+        _, tasks = self.plan.tasks(done | idle if idle else done)
+        try:
+            async for task in aiter_of(tasks):
+                await self._row(task)
+            for writer in self._writers.values():
+                writer.close()
+        except BaseException:
+            for writer in self._writers.values():
+                writer.abandon()  # the rows of a shard not recorded are sent by the next pass
+            raise
+        finally:
+            self.index.close()
+        self._retire()
+
+    async def _row(self, task: Task) -> None:
+        row = RowCalls(task.key, self.index.take(task.key) if task.key in self.index else {})
+        with calls_of(row):
+            try:
+                values = await self.runner.attempt(task, self.plan.work)
+            except Deferred as waiting:
+                self._defer(task.key, row, waiting)
+                return
+        self.runner.settle(task, values)
+        self.out.pop(task.key, None)
+        self.written += 1
+
+    def _defer(self, key: str, row: RowCalls, waiting: Deferred) -> None:
+        """Keep what the row went through; send its next call, unless it is out already."""
+        for known in row.used:
+            self._keep(known.line)
+        request = token(waiting.call, waiting.digest)
+        if self.out.get(key) == request:
+            return
+        identifier = custom_id(self.ledger.tag, waiting.call, waiting.digest, key)
+        line = request_line(identifier, waiting.url, waiting.body)
+        self._writer(waiting.url).write(identifier, line)
+        self.out[key] = request
+        self.sent += 1
+
+    def _writer(self, url: str) -> ShardWriter:
+        writer = self._writers.get(url)
+        if writer is None:
+
+            def record(shard: Shard) -> None:
+                self.shards.append(shard)
+                self.ledger.record(
+                    "shard",
+                    name=shard.name,
+                    path=shard.path,
+                    ids=shard.ids,
+                    lines=shard.lines,
+                    bytes=shard.size,
+                    url=url,
+                    mode=self.mode,
+                )
+
+            names = iter(self.ledger.next_name, None)
+            writer = ShardWriter(self.requests, self.files / "ids", names, record)
+            self._writers[url] = writer
+        return writer
+
+    def _keep(self, line: bytes) -> None:
+        if self._carry is None:
+            self._carry_path.parent.mkdir(parents=True, exist_ok=True)
+            self._carry = self._carry_path.open("wb", buffering=1 << 20)
+        self._carry.write(line if line.endswith(b"\n") else line + b"\n")
+
+    def _retire(self) -> None:
+        """The results read are spent, but for those carried: the ledger says so."""
+        carried = None
+        if self._carry is not None:
+            self._carry.flush()
+            os.fsync(self._carry.fileno())
+            self._carry.close()
+            carried = self._carry_path
+        self.ledger.record("merged", files=[path for path, _ in self.index.files])
+        self.ledger.record("carry", file=carried)
+
+
+def results_of(ledger: Ledger, fresh: list[Path]) -> list[tuple[Path, bool]]:
+    """The files a pass merges: new result files, then the results carried from the last."""
+    files = [(path, True) for path in fresh if path.exists()]
+    if ledger.carry is not None and ledger.carry.exists():
+        files.append((ledger.carry, False))
+    return files

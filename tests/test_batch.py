@@ -1,0 +1,359 @@
+"""`--batch`: the calls go through the endpoint's Batch API, and every server behaviour is met
+the way the sync road meets a failing call: retried within the budget, else an error row."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from openai_server import FakeOpenAI
+from rich.console import Console
+from support import (
+    build_store,
+    custom_key,
+    docs,
+    exam,
+    grade,
+    ledger_events,
+    number,
+    read_csv,
+    run_cli,
+    wait_until,
+)
+
+from ragexam.cli import display
+from ragexam.io import batchfiles
+
+N = 12
+
+
+@pytest.fixture
+def batch_env(env: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> FakeOpenAI:
+    """The fake server, polled every 20 ms."""
+    monkeypatch.setenv("RAGEXAM_BATCH_POLL", "0.02")
+    return env
+
+
+def by_question(body: dict[str, Any]) -> Any:
+    """Question #i is graded i/20 complete, whatever road it came by."""
+    return grade(body, number(body, "Question") / 20)
+
+
+def judge(*options: str) -> Any:
+    """`ragexam judge --batch` on the run folder `run`, without controls."""
+    return run_cli("judge", "--out", "run", "--controls", "0", "--batch", *options)
+
+
+def lines_per_row(server: FakeOpenAI) -> Counter[str]:
+    """How many batch lines the server ran for each row."""
+    return Counter(custom_key(line.custom_id) for line in server.batch_requests)
+
+
+def judged(tmp_path: Path) -> dict[str, dict[str, str]]:
+    return {row["qa_id"]: row for row in read_csv(tmp_path / "run" / "judgments.csv")}
+
+
+def manifest(tmp_path: Path) -> dict[str, Any]:
+    return json.loads((tmp_path / "run" / "manifest.json").read_text())  # type: ignore[no-any-return]
+
+
+def test_every_row_is_graded_through_batches_and_paid_once(
+    batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAGEXAM_PRICE_INPUT", "2")
+    monkeypatch.setenv("RAGEXAM_PRICE_OUTPUT", "8")
+    exam(tmp_path / "run", N)
+    batch_env.responder = by_question
+    result = judge()
+    assert result.exit_code == 0, result.output
+    rows = judged(tmp_path)
+    assert {qa_id: float(row["completeness"]) for qa_id, row in rows.items()} == {
+        f"q{i}": i / 20 for i in range(N)
+    }
+    assert batch_env.count() == 0  # no chat call went the sync way
+    assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}
+    record = manifest(tmp_path)["stages"]["judge"]
+    assert record["batch"]["requests"] == N and record["batch"]["batches"] == 1
+    billed = record["tokens_billed"]
+    sync = (billed["prompt"] * 2 + billed["completion"] * 8) / 1e6
+    assert record["cost_usd_sync"] == pytest.approx(sync)
+    assert record["cost_usd"] == pytest.approx(sync / 2)  # no batch price in the table: half
+    assert "the batches took" in result.output and "batch rate" in result.output
+
+
+def test_shards_keep_to_the_line_and_byte_limits(
+    batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(batchfiles, "MAX_LINES", 5)
+    monkeypatch.setattr(batchfiles, "MAX_BYTES", 7000)  # two or three judge requests
+    batch_env.batch.max_lines, batch_env.batch.max_bytes = 5, 7000  # what the server takes
+    exam(tmp_path / "run", N)
+    assert judge().exit_code == 0
+    events = ledger_events(tmp_path / "run" / "batches" / "judge.jsonl")
+    sizes = [(event["lines"], event["bytes"]) for event in events if event["event"] == "shard"]
+    assert len(sizes) >= N // 3 and all(lines <= 5 and size <= 7000 for lines, size in sizes)
+    assert sum(lines for lines, _ in sizes) == N
+    assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}
+    files = tmp_path / "run" / "batches" / "judge"
+    assert not [path for path in files.rglob("*") if path.is_file()]  # all spent: tidied away
+
+
+def test_a_full_queue_is_submitted_again_at_no_cost_to_the_rows(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    batch_env.batch.fail_validation = "token_limit_exceeded"
+    batch_env.batch.fail_validation_count = 2
+    exam(tmp_path / "run", N)
+    result = judge()
+    assert result.exit_code == 0, result.output
+    assert all(
+        row["status"] == "ok" and row["attempts"] == "1" for row in judged(tmp_path).values()
+    )
+    assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}
+    events = ledger_events(tmp_path / "run" / "batches" / "judge.jsonl")
+    assert [e["event"] for e in events].count("resubmit") == 2
+
+
+def test_a_batch_that_fails_validation_leaves_error_rows_with_the_reason(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    batch_env.batch.fail_validation = "invalid_model"
+    exam(tmp_path / "run", N)
+    result = judge()
+    assert result.exit_code == 1, result.output  # every row in error: above --max-error-rate
+    rows = judged(tmp_path).values()
+    assert len(rows) == N and all(row["status"] == "error" for row in rows)
+    assert all("refused batch" in row["error"] and "invalid_model" in row["error"] for row in rows)
+    assert all(row["completeness"] == "" for row in rows)  # never a score of 0
+    assert not batch_env.batch_requests  # not one line ran: nothing was paid
+
+
+def test_failed_lines_go_out_again_within_the_retry_budget(
+    batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "2")
+    seen: Counter[str] = Counter()
+
+    def fail(custom_id: str, body: str) -> int | None:
+        key = custom_key(custom_id)
+        seen[key] += 1
+        if key == "q3":
+            return 500  # every time: an error row after 3 attempts
+        if key == "q5" and seen[key] == 1:
+            return 503  # once: the retry in the next batch succeeds
+        return 400 if key == "q7" else None  # a 400 is not retried
+
+    batch_env.batch.fail_line_if = fail
+    exam(tmp_path / "run", N)
+    result = judge("--max-error-rate", "0.5")
+    assert result.exit_code == 0, result.output
+    rows = judged(tmp_path)
+    assert rows["q3"]["status"] == "error" and rows["q3"]["attempts"] == "3"
+    assert "Injected HTTP 500" in rows["q3"]["error"] and "after 3 attempts" in rows["q3"]["error"]
+    assert rows["q5"]["status"] == "ok" and rows["q5"]["attempts"] == "2"
+    assert rows["q7"]["status"] == "error" and rows["q7"]["attempts"] == "1"
+    assert "HTTP 400" in rows["q7"]["error"]
+    paid = lines_per_row(batch_env)
+    assert (paid["q3"], paid["q5"], paid["q7"]) == (3, 2, 1)
+    assert all(paid[f"q{i}"] == 1 for i in range(N) if i not in (3, 5, 7))
+
+
+def test_an_expired_batch_leaves_its_unrun_lines_to_the_next(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    batch_env.batch.expire_after = 5  # each batch runs 5 lines, then expires
+    exam(tmp_path / "run", N)
+    result = judge()
+    assert result.exit_code == 0, result.output
+    rows = judged(tmp_path)
+    assert all(row["status"] == "ok" for row in rows.values())
+    assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}  # unrun lines cost nothing
+    assert max(int(row["attempts"]) for row in rows.values()) == 3  # 12 lines: 5, 5, then 2
+    assert manifest(tmp_path)["stages"]["judge"]["batch"]["batches"] == 3
+
+
+def run_in_thread(*args: str) -> tuple[threading.Thread, list[Any]]:
+    """`ragexam ARGS` in a thread, its result put in the list it returns."""
+    results: list[Any] = []
+    thread = threading.Thread(target=lambda: results.append(run_cli(*args)), daemon=True)
+    thread.start()
+    return thread, results
+
+
+def test_a_cancelled_batch_is_sent_again(batch_env: FakeOpenAI, tmp_path: Path) -> None:
+    batch_env.batch.manual = True
+    exam(tmp_path / "run", N)
+    thread, results = run_in_thread("judge", "--out", "run", "--controls", "0", "--batch")
+    sdk = openai.OpenAI(base_url=batch_env.base_url, api_key="test", max_retries=0)
+    wait_until(lambda: sdk.batches.list().data)
+    batch_env.advance_batches(3)  # validated, and two lines run
+    first = sdk.batches.list().data[0]
+    sdk.batches.cancel(first.id)
+    batch_env.batch.manual = False
+    thread.join(30)
+    assert results and results[0].exit_code == 0, results and results[0].output
+    assert all(row["status"] == "ok" for row in judged(tmp_path).values())
+    assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}
+    assert len(sdk.batches.list().data) == 2
+
+
+def test_each_batch_shows_its_state_and_counts_while_it_runs(
+    batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(display, "PLAIN_EVERY", 0.05)
+    batch_env.batch.manual = True
+    exam(tmp_path / "run", 4)
+    thread, results = run_in_thread("judge", "--out", "run", "--controls", "0", "--batch")
+    ledger = tmp_path / "run" / "batches" / "judge.jsonl"
+    wait_until(lambda: any(e["event"] == "submitted" for e in ledger_events(ledger)))
+
+    def looks() -> int:
+        return sum(r.path.startswith("/v1/batches/") for r in list(batch_env.listings))
+
+    for _ in range(6):  # validation, four lines, finalizing: a step at a time, each seen
+        seen = looks()
+        wait_until(lambda seen=seen: looks() > seen + 1)  # looked at twice since the step
+        time.sleep(0.15)  # and said so in a progress line
+        batch_env.advance_batches(1)
+    thread.join(30)
+    output = results[0].output
+    assert results[0].exit_code == 0, output
+    for state in ("validating", "in_progress", "finalizing"):
+        assert f" {state}: " in output, state
+    assert "2/4 answered, 0 failed" in output and "elapsed, expires in 23h" in output
+
+
+def test_failed_polls_are_waited_out(
+    batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "0")  # the SDK's own retry off: ours is seen
+    batch_env.batch.retrieve_status = lambda batch_id, poll: 500 if poll <= 4 else None
+    exam(tmp_path / "run", N)
+    assert judge().exit_code == 0
+    assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}
+
+
+def test_results_in_any_order_land_on_their_own_rows(batch_env: FakeOpenAI, tmp_path: Path) -> None:
+    batch_env.batch.reverse_output = True
+    batch_env.responder = by_question
+    exam(tmp_path / "run", N)
+    assert judge().exit_code == 0
+    assert {k: float(v["completeness"]) for k, v in judged(tmp_path).items()} == {
+        f"q{i}": i / 20 for i in range(N)
+    }
+
+
+def test_a_reask_goes_out_in_a_later_batch(
+    batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An out-of-range grade is re-asked with the reason, as on the sync road.
+    def once_too_high(body: dict[str, Any]) -> Any:
+        again = "previous reply to this was invalid" in json.dumps(body)
+        return grade(body, 0.4 if again or number(body, "Question") != 2 else 1.7)
+
+    batch_env.responder = once_too_high
+    exam(tmp_path / "run", N)
+    assert judge().exit_code == 0
+    rows = judged(tmp_path)
+    assert rows["q2"]["status"] == "ok" and rows["q2"]["attempts"] == "2"
+    reasked = [line.body for line in batch_env.batch_requests if custom_key(line.custom_id) == "q2"]
+    assert len(reasked) == 2 and "less than or equal to 1" in reasked[1]["messages"][-1]["content"]
+
+
+def test_samples_are_asked_one_round_each(batch_env: FakeOpenAI, tmp_path: Path) -> None:
+    exam(tmp_path / "run", 3)
+    assert judge("--samples", "3").exit_code == 0
+    rows = judged(tmp_path)
+    assert all(row["samples_valid"] == "3" for row in rows.values())
+    assert lines_per_row(batch_env) == {"q0": 3, "q1": 3, "q2": 3}
+    assert manifest(tmp_path)["stages"]["judge"]["batch"]["rounds"] == 4  # 3 sends, 1 merge
+
+
+def test_controls_are_batched_too(batch_env: FakeOpenAI, tmp_path: Path) -> None:
+    exam(tmp_path / "run", N)
+    result = run_cli("judge", "--out", "run", "--controls", "2", "--batch")
+    assert result.exit_code == 0, result.output
+    controls = read_csv(tmp_path / "run" / "judge_controls.csv")
+    assert len(controls) == 16 and all(row["passed"] in ("true", "false") for row in controls)
+    tags = Counter(line.custom_id.split("~")[0] for line in batch_env.batch_requests)
+    assert tags == {"judge": N, "judge_controls": 16}
+    assert batch_env.count() == 0
+
+
+def test_dry_run_shows_the_batch_price_beside_the_sync_price(
+    batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAGEXAM_JUDGE_MODEL", "gpt-4o")  # the table has its batch price
+    exam(tmp_path / "run", 300)
+    result = run_cli("judge", "--out", "run", "--controls", "0", "--batch", "--dry-run")
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if line.startswith("judge:"))
+    batch, sync = [float(value) for value in _dollars(line)]
+    assert batch == pytest.approx(sync / 2, rel=0.01)  # gpt-4o's batch price: half
+    assert "in batches" in line and "sync" in line
+    assert not batch_env.batch_requests and batch_env.count() == 0
+
+
+def _dollars(line: str) -> list[str]:
+    import re
+
+    return re.findall(r"\$([0-9.]+)", line)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["answer", "--rag", "my_rag:answer", "--batch"], "cannot batch"),
+        (["judge", "--batch", "--batch-dir", "files"], "give one of them"),
+    ],
+)
+def test_what_cannot_be_batched_is_refused_in_one_line(
+    batch_env: FakeOpenAI, tmp_path: Path, args: list[str], says: str
+) -> None:
+    exam(tmp_path / "run", 2)
+    result = run_cli(*args, "--out", "run")
+    assert result.exit_code == 2
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and says in errors[0]
+    assert not batch_env.batch_requests and batch_env.count() == 0
+
+
+def test_run_with_control_runs_batches_every_stage(batch_env: FakeOpenAI, tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", docs(6))
+    batch_env.embedding_dim = 16
+    result = run_cli(
+        "run", "--chroma", str(store), "--out", "run", "--embedding", "openai:e",
+        "--controls", "1", "--control-runs", "--batch",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert batch_env.count() == 0  # every chat call went in a batch
+    tags = Counter(line.custom_id.split("~")[0] for line in batch_env.batch_requests)
+    assert tags == {
+        "generate": 6, "answer": 6, "judge": 6, "judge_controls": 8,
+        "gold.answer": 6, "gold.judge": 6, "closed_book.answer": 6, "closed_book.judge": 6,
+    }  # fmt: skip
+    for folder in ("run", "run/gold", "run/closed_book"):
+        rows = read_csv(tmp_path / folder / "judgments.csv")
+        assert len(rows) == 6 and all(row["status"] == "ok" for row in rows)
+    assert (tmp_path / "run" / "summary.csv").exists()
+
+
+def test_a_terminal_shows_a_line_per_batch(
+    batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    screen = io.StringIO()
+    monkeypatch.setattr(display, "err", Console(file=screen, force_terminal=True, width=140))
+    exam(tmp_path / "run", N)
+    assert judge().exit_code == 0
+    shown = screen.getvalue()
+    batch_id = batch_env.batch_requests[0].batch_id
+    line = next(line for line in shown.splitlines() if batch_id[:18] in line)
+    assert "completed" in line and f"{N}/{N}" in line and "0 failed" in line
+    assert "elapsed" in line

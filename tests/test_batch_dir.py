@@ -1,0 +1,232 @@
+"""`--batch-dir DIR`: requests as OpenAI batch input files under DIR/requests/, results merged
+from DIR/results/ in OpenAI's or vLLM's output shape; exit 75 while any wait, 0 when done.
+
+(A real `vllm run-batch` needs CUDA and a model hub; `run_batch_files` writes what it writes:
+tests/batch_api.py records how vLLM's output differs from OpenAI's.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from batch_api import batch_error_line, batch_output_line
+from openai_server import FakeOpenAI
+from support import (
+    build_store,
+    docs,
+    exam,
+    grade,
+    number,
+    read_csv,
+    run_batch_files,
+    run_cli,
+)
+
+N = 10
+WAITING = 75
+
+
+def judge(*options: str) -> Any:
+    return run_cli("judge", "--out", "run", "--controls", "0", "--batch-dir", "files", *options)
+
+
+def requests(tmp_path: Path) -> list[dict[str, Any]]:
+    """Every request line waiting under files/requests/."""
+    return [
+        json.loads(line)
+        for path in sorted((tmp_path / "files" / "requests").glob("*.jsonl"))
+        for line in path.read_text(encoding="utf-8").splitlines()
+    ]
+
+
+def judged(tmp_path: Path) -> dict[str, dict[str, str]]:
+    path = tmp_path / "run" / "judgments.csv"
+    return {row["qa_id"]: row for row in read_csv(path)} if path.exists() else {}
+
+
+@pytest.mark.parametrize("shape", ["openai", "vllm"])
+def test_the_loop_writes_requests_merges_results_and_ends_at_zero(
+    env: FakeOpenAI, tmp_path: Path, shape: str
+) -> None:
+    exam(tmp_path / "run", N)
+    env.responder = lambda body: grade(body, number(body, "Question") / 20)
+    first = judge()
+    assert first.exit_code == WAITING, first.output
+    assert "Waiting:" in first.output and f"{N} requests wait" in first.output
+    lines = requests(tmp_path)
+    assert len(lines) == N and {tuple(line) for line in lines} == {
+        ("custom_id", "method", "url", "body")
+    }
+    assert {(line["method"], line["url"]) for line in lines} == {("POST", "/v1/chat/completions")}
+    assert env.count() == 0 and not env.batch_requests  # no chat call of any kind
+    again = judge()  # nothing came back yet: nothing is written twice
+    assert again.exit_code == WAITING and len(requests(tmp_path)) == N
+    assert run_batch_files(env, tmp_path / "files", shape) == N
+    done = judge()
+    assert done.exit_code == 0, done.output
+    rows = judged(tmp_path)
+    assert {k: float(v["completeness"]) for k, v in rows.items()} == {
+        f"q{i}": i / 20 for i in range(N)
+    }
+    assert requests(tmp_path) == []  # answered files move to requests/done/
+    assert len(list((tmp_path / "files" / "requests" / "done").glob("*.jsonl"))) == 1
+
+
+def test_a_failed_line_goes_out_again_in_a_new_file(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "1")
+    exam(tmp_path / "run", N)
+    assert judge().exit_code == WAITING
+    lines = requests(tmp_path)
+    results = tmp_path / "files" / "results"
+    results.mkdir(parents=True)
+    error = {"error": {"message": "The server had an error.", "type": "server_error"}}
+    out = [
+        batch_output_line(line["custom_id"], error, status_code=500)
+        if i in (1, 2)
+        else batch_error_line(line["custom_id"], "batch_expired", "expired")
+        if i == 3
+        else batch_output_line(line["custom_id"], env.answer_line(line["url"], line["body"])[1])
+        for i, line in enumerate(lines)
+    ]
+    (results / "first.jsonl").write_text("\n".join(reversed(out)) + "\n", encoding="utf-8")
+    second = judge()
+    assert second.exit_code == WAITING, second.output
+    resent = requests(tmp_path)
+    assert sorted(line["custom_id"].split("~")[3] for line in resent) == sorted(
+        lines[i]["custom_id"].split("~")[3] for i in (1, 2, 3)
+    )
+    assert len(judged(tmp_path)) == N - 3
+    run_batch_files(env, tmp_path / "files", "vllm")
+    assert judge().exit_code == 0
+    rows = judged(tmp_path)
+    assert all(row["status"] == "ok" for row in rows.values()) and len(rows) == N
+    assert {rows[lines[i]["custom_id"].split("~")[3]]["attempts"] for i in (1, 2, 3)} == {"2"}
+
+
+def test_vllm_errors_as_objects_or_strings_are_error_rows_with_the_reason(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    exam(tmp_path / "run", N)
+    judge()
+    lines = requests(tmp_path)
+    refused = {"error": {"message": "max_tokens is too large", "type": "BadRequestError"}}
+    out = []
+    for i, line in enumerate(lines):
+        if i == 0:
+            out.append(batch_output_line(line["custom_id"], refused, status_code=400, shape="vllm"))
+        elif i == 1:
+            out.append(batch_error_line(line["custom_id"], "", "engine failed", shape="vllm"))
+        else:
+            answer = env.answer_line(line["url"], line["body"])[1]
+            out.append(batch_output_line(line["custom_id"], answer, shape="vllm"))
+    (tmp_path / "files" / "results").mkdir(parents=True)
+    (tmp_path / "files" / "results" / "out.jsonl").write_text("\n".join(out) + "\n")
+    result = judge("--max-error-rate", "0.5")
+    assert result.exit_code == 0, result.output
+    rows = judged(tmp_path)
+    first, second = (rows[lines[i]["custom_id"].split("~")[3]] for i in (0, 1))
+    assert first["status"] == "error" and "max_tokens is too large" in first["error"]
+    assert second["status"] == "error" and "engine failed" in second["error"]
+    assert first["completeness"] == second["completeness"] == ""
+
+
+def test_a_result_file_merged_once_is_not_merged_again(env: FakeOpenAI, tmp_path: Path) -> None:
+    # A result that ended a row in error is spent: a rerun retries the row, as on the sync road.
+    exam(tmp_path / "run", 3)
+    judge()
+    lines = requests(tmp_path)
+    (tmp_path / "files" / "results").mkdir(parents=True)
+    error = {"error": {"message": "refused", "type": "invalid_request_error"}}
+    out = [batch_output_line(line["custom_id"], error, status_code=400) for line in lines]
+    (tmp_path / "files" / "results" / "a.jsonl").write_text("\n".join(out) + "\n")
+    assert judge("--max-error-rate", "1").exit_code == 0
+    assert {row["status"] for row in judged(tmp_path).values()} == {"error"}
+    retry = judge("--max-error-rate", "1")
+    assert retry.exit_code == WAITING  # the error rows are asked again, in a new file
+    assert len(requests(tmp_path)) == 3
+
+
+def test_needs_no_key_and_no_endpoint(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY")
+    monkeypatch.delenv("OPENAI_BASE_URL")
+    exam(tmp_path / "run", 2)
+    result = judge()
+    assert result.exit_code == WAITING, result.output
+    bodies = [line["body"] for line in requests(tmp_path)]
+    assert len(bodies) == 2 and all(body["model"] == "gpt-4o-mini" for body in bodies)
+    assert "max_completion_tokens" in bodies[0]  # as OpenAI's own endpoint is asked
+
+
+def test_judge_writes_the_controls_requests_beside_the_grades(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    exam(tmp_path / "run", N)
+    result = run_cli("judge", "--out", "run", "--controls", "2", "--batch-dir", "files")
+    assert result.exit_code == WAITING
+    assert f"{N + 16} requests wait" in result.output  # 2 of each of the 8 kinds
+    tags = sorted({line["custom_id"].split("~")[0] for line in requests(tmp_path)})
+    assert tags == ["judge", "judge_controls"]
+    run_batch_files(env, tmp_path / "files")
+    assert (
+        run_cli("judge", "--out", "run", "--controls", "2", "--batch-dir", "files").exit_code == 0
+    )
+    assert len(read_csv(tmp_path / "run" / "judge_controls.csv")) == 16
+
+
+def test_run_stops_at_the_first_stage_that_waits(env: FakeOpenAI, tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", docs(6))
+    env.embedding_dim = 16
+    args = [
+        "run",
+        "--chroma",
+        str(store),
+        "--out",
+        "run",
+        "--controls",
+        "0",
+        "--batch-dir",
+        "files",
+    ]
+    args += ["--embedding", "openai:e"]
+    stages = []
+    for _ in range(4):
+        result = run_cli(*args)
+        stages.append(sorted({line["custom_id"].split("~")[0] for line in requests(tmp_path)}))
+        if result.exit_code == 0:
+            break
+        assert result.exit_code == WAITING, result.output
+        run_batch_files(env, tmp_path / "files")
+    assert stages == [["generate"], ["answer"], ["judge"], []]
+    assert result.exit_code == 0 and (tmp_path / "run" / "summary.csv").exists()
+    assert env.count() == 0  # every chat call went through the files
+
+
+def test_requests_out_in_a_folder_are_collected_from_it_not_elsewhere(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    exam(tmp_path / "run", 3)
+    assert judge().exit_code == WAITING
+    other = run_cli("judge", "--out", "run", "--controls", "0", "--batch")
+    assert other.exit_code == 2 and "rerun with --batch-dir" in other.output
+    assert not env.batch_requests
+    sync = run_cli("judge", "--out", "run", "--controls", "0")
+    assert sync.exit_code == 0
+    assert "3 requests are still out in batches" in sync.output  # said: it pays for them again
+
+
+def test_harder_questions_are_refused_on_the_batch_road_before_any_call(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    store = build_store(tmp_path / "store", docs(4))
+    for harder in ("--multi-hop", "--unanswerable"):
+        args = ("generate", "--chroma", str(store), "--out", "run", harder, "2")
+        result = run_cli(*args, "--batch-dir", "files")
+        assert result.exit_code == 2, result.output
+        assert "sync road" in " ".join(result.output.split())
+    assert env.count() == 0 and not (tmp_path / "run" / "qa_dataset.csv").exists()

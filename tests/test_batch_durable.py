@@ -1,0 +1,164 @@
+"""The batch road survives being killed anywhere: a rerun reattaches to its batches, pays for
+no row twice, loses none, and never merges a result into a row whose input has changed."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from openai_server import FakeOpenAI
+from support import (
+    custom_key,
+    exam,
+    kill_midway,
+    ledger_events,
+    read_csv,
+    run_cli,
+    start_cli,
+    wait_until,
+    write_dict_rows,
+)
+
+from ragexam.io.fingerprint import input_hash
+from ragexam.io.ledger import Ledger
+from ragexam.llm.batchapi import BatchApi
+from ragexam.stages.runner import Runner
+
+N = 12
+JUDGE = ("judge", "--out", "run", "--controls", "0", "--batch")
+
+
+@pytest.fixture
+def batch_env(env: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> FakeOpenAI:
+    monkeypatch.setenv("RAGEXAM_BATCH_POLL", "0.02")
+    return env
+
+
+def lines_per_row(server: FakeOpenAI) -> Counter[str]:
+    return Counter(custom_key(line.custom_id) for line in server.batch_requests)
+
+
+def batches(server: FakeOpenAI) -> list[Any]:
+    sdk = openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+    return list(sdk.batches.list().data)
+
+
+def all_ok(tmp_path: Path, rows: int = N) -> bool:
+    found = read_csv(tmp_path / "run" / "judgments.csv")
+    return len(found) == rows and all(row["status"] == "ok" for row in found)
+
+
+def interrupt_at(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, when: Any) -> None:
+    """Make owner.name raise KeyboardInterrupt (as Ctrl-C would) the first time `when` is true."""
+    real = getattr(owner, name)
+    fired: list[bool] = []
+
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not fired and when(*args, **kwargs):
+            fired.append(True)
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(owner, name, wrapped)
+
+
+@pytest.mark.slow
+def test_killed_while_it_waits_it_reattaches_and_pays_no_row_twice(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    batch_env.batch.manual = True
+    exam(tmp_path / "run", N)
+    process = start_cli(*JUDGE)
+    ledger = tmp_path / "run" / "batches" / "judge.jsonl"
+    wait_until(lambda: any(e["event"] == "submitted" for e in ledger_events(ledger)))
+    batch_env.advance_batches(4)  # validated, three lines run: the batch is half done
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    batch_env.batch.manual = False
+    result = run_cli(*JUDGE)
+    assert result.exit_code == 0, result.output
+    assert all_ok(tmp_path)
+    assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}
+    assert len(batches(batch_env)) == 1  # the rerun made none: it waited on the first
+
+
+@pytest.mark.slow
+def test_killed_while_it_merges_it_loses_no_row(batch_env: FakeOpenAI, tmp_path: Path) -> None:
+    rows = 4000
+    exam(tmp_path / "run", rows)
+    kill_midway(list(JUDGE), tmp_path / "run" / "judgments.csv", 500)
+    written = len(read_csv(tmp_path / "run" / "judgments.csv"))
+    assert written < rows  # killed mid-merge
+    result = run_cli(*JUDGE)
+    assert result.exit_code == 0, result.output
+    assert all_ok(tmp_path, rows)
+    assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(rows)}
+
+
+def test_a_crash_between_making_a_batch_and_recording_it_finds_the_batch(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    exam(tmp_path / "run", N)
+    with pytest.MonkeyPatch.context() as patch:
+        interrupt_at(patch, Ledger, "record", lambda event, **_: event == "submitted")
+        assert run_cli(*JUDGE).exit_code == 130
+    assert len(batches(batch_env)) == 1  # made, but the ledger does not know its id
+    result = run_cli(*JUDGE)
+    assert result.exit_code == 0, result.output
+    assert all_ok(tmp_path)
+    assert len(batches(batch_env)) == 1  # found among the endpoint's batches, not made again
+    assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}
+
+
+def test_a_crash_while_downloading_downloads_again(batch_env: FakeOpenAI, tmp_path: Path) -> None:
+    exam(tmp_path / "run", N)
+    with pytest.MonkeyPatch.context() as patch:
+        interrupt_at(patch, BatchApi, "download", lambda *_: True)
+        assert run_cli(*JUDGE).exit_code == 130
+    assert run_cli(*JUDGE).exit_code == 0
+    assert all_ok(tmp_path)
+    assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}
+    assert len(batches(batch_env)) == 1
+
+
+def test_a_crash_while_merging_merges_the_rest(batch_env: FakeOpenAI, tmp_path: Path) -> None:
+    exam(tmp_path / "run", N)
+    written: list[str] = []
+    with pytest.MonkeyPatch.context() as patch:
+        interrupt_at(
+            patch,
+            Runner,
+            "settle",
+            lambda task, values: written.append(task.key) or len(written) > 5,
+        )
+        assert run_cli(*JUDGE).exit_code == 130
+    assert 0 < len(read_csv(tmp_path / "run" / "judgments.csv")) < N
+    assert run_cli(*JUDGE).exit_code == 0
+    assert all_ok(tmp_path)
+    assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}
+
+
+def test_a_result_is_never_merged_into_a_row_whose_input_changed(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    exam(tmp_path / "run", N)
+    with pytest.MonkeyPatch.context() as patch:
+        interrupt_at(patch, BatchApi, "download", lambda *_: True)
+        assert run_cli(*JUDGE).exit_code == 130  # the batch ran, its results not yet merged
+    answers = read_csv(tmp_path / "run" / "answers.csv")
+    for row in answers:
+        if row["qa_id"] == "q2":
+            row["answer"] = "A new answer, written since."
+    write_dict_rows(tmp_path / "run" / "answers.csv", answers)
+    assert run_cli(*JUDGE).exit_code == 0
+    rows = {row["qa_id"]: row for row in read_csv(tmp_path / "run" / "judgments.csv")}
+    new = input_hash("Question #2?", "Truth #2.", "A new answer, written since.")
+    assert rows["q2"]["input_hash"] == new and rows["q2"]["status"] == "ok"
+    asked = [line.body for line in batch_env.batch_requests if custom_key(line.custom_id) == "q2"]
+    assert len(asked) == 2 and "A new answer" in asked[1]["messages"][-1]["content"]
+    assert all(n == 1 for key, n in lines_per_row(batch_env).items() if key != "q2")
