@@ -13,6 +13,7 @@ from typing import Any
 
 import openai
 import pytest
+from judges import truthful
 from openai_server import FakeOpenAI
 from rich.console import Console
 from support import (
@@ -22,6 +23,7 @@ from support import (
     exam,
     grade,
     ledger_events,
+    marked_exam,
     number,
     read_csv,
     run_cli,
@@ -357,3 +359,33 @@ def test_a_terminal_shows_a_line_per_batch(
     line = next(line for line in shown.splitlines() if batch_id[:18] in line)
     assert "completed" in line and f"{N}/{N}" in line and "0 failed" in line
     assert "elapsed" in line
+
+
+def test_key_points_are_marked_through_batches_as_on_the_sync_road(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    rows = [
+        {
+            "qa_id": f"q{i}",
+            "question": f"Question {i}?",
+            "truth": f"Alpha{i} beta{i} gamma{i} delta{i}.",
+            "answer": f"Alpha{i} beta{i}." if i % 2 else f"Alpha{i} beta{i} gamma{i} delta{i}.",
+            "key_points": [f"alpha{i} beta{i}", f"gamma{i} delta{i}"],
+        }
+        for i in range(N)
+    ]
+    batch_env.responder = truthful  # marks each key point by the words the answer shares
+    graded = {}
+    for road in ("sync", "batch"):
+        marked_exam(tmp_path / road, rows)
+        extra = ["--batch"] if road == "batch" else []
+        result = run_cli("judge", "--out", road, "--controls", "0", "--samples", "2", *extra)
+        assert result.exit_code == 0, result.output
+        graded[road] = {
+            row["qa_id"]: (row["scale"], row["completeness"], row["conciseness"])
+            for row in read_csv(tmp_path / road / "judgments.csv")
+        }
+    assert graded["batch"] == graded["sync"]
+    assert {scale for scale, _, _ in graded["batch"].values()} == {"key-points"}
+    assert {completeness for _, completeness, _ in graded["batch"].values()} == {"0.5", "1.0"}
+    assert len(batch_env.batch_requests) == 2 * N  # two samples a row, each in a batch
