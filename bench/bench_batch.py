@@ -11,8 +11,9 @@ memory it adds over what the stage held when it began (the exam and the answers,
 judge whichever road it takes); the whole command's time and peak are printed beside. Targets:
 shards ÷ read_csv ≤ 2, merge ÷ read_csv ≤ 3, each peak ≤ that of `stats` at the same rows.
 
-Part 2, at --compare rows: the same exam judged through the test server's Batch API and
-through the sync road: calls and tokens identical, cost at most half (gpt-4o-mini's table prices).
+Part 2, at --compare rows: the same exam judged on the unit scale (the test server's grades)
+through the test server's Batch API and through the sync road: calls and tokens identical, cost
+at most half (gpt-4o-mini's table prices).
 """
 
 from __future__ import annotations
@@ -187,7 +188,7 @@ def part_two(rows: int) -> None:
         records = {}
         for road in ("sync", "batch"):
             write_exam(Path(tmp) / road, rows)
-            options = ["judge", "--controls", "0", "--concurrency", "32"]
+            options = ["judge", "--scale", "unit", "--controls", "0", "--concurrency", "32"]
             options += ["--batch"] if road == "batch" else []
             records[road] = run_stage(env, Path(tmp) / road, options)
         calls = {"sync": server.count(), "batch": len(server.batch_requests)}
@@ -214,7 +215,8 @@ def main() -> None:
         return measure_road(Path(paths[0]), Path(paths[1]), trace=action == "trace")
     with tempfile.TemporaryDirectory() as tmp:
         part_one(args.folder or Path(tmp), args.rows, args.trace)
-    part_two(args.compare)
+    if args.compare:  # --compare 0: part one alone
+        part_two(args.compare)
 
 
 if __name__ == "__main__":

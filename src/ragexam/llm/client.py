@@ -19,6 +19,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Generic, TypeVar
 
 import openai
@@ -106,7 +107,15 @@ class _Row:
     waited: float = 0.0  # seconds waited on 429s
     reason: str = "no attempt made"
     raw: str | None = None
-    sizes: tuple[int, int] = (0, 0)  # prompt tokens sent, estimated, and without system text
+    # prompt tokens sent, estimated, and without system text: measured when first needed
+    measure: Callable[[], tuple[int, int]] = lambda: (0, 0)
+    _sizes: tuple[int, int] | None = None
+
+    def sizes(self) -> tuple[int, int]:
+        """The prompt's estimated tokens (a batch line needs them only for the first calls)."""
+        if self._sizes is None:
+            self._sizes = self.measure()
+        return self._sizes
 
     def error(self, reason: str) -> LLMError:
         """The row failed for good."""
@@ -202,7 +211,7 @@ class LLM:
             self.choice.outcome(method, valid=True)
             return value, raw
 
-        return await self._retrying(once, *self._sizes(messages))
+        return await self._retrying(once, partial(self._sizes, messages))
 
     def limit(self, schema: type[BaseModel]) -> int:
         """The bound on a reply of `schema`: what its fields need, within the stage's bound."""
@@ -229,7 +238,7 @@ class LLM:
                 raise exc
             return content_of(raw), raw
 
-        return await self._retrying(once, *self._sizes(messages))
+        return await self._retrying(once, partial(self._sizes, messages))
 
     def _shape(self, messages: list[BaseMessage]) -> list[BaseMessage]:
         return system_as_user(messages) if self.system_as_user else messages
@@ -276,20 +285,22 @@ class LLM:
         return self.chat.bind(extra_body={**extra, "response_format": format_})
 
     async def _retrying(
-        self, once: Callable[[], Awaitable[tuple[T, AIMessage]]], estimate: int = 0, rest: int = 0
+        self,
+        once: Callable[[], Awaitable[tuple[T, AIMessage]]],
+        measure: Callable[[], tuple[int, int]],
     ) -> Reply[T]:
-        row = _Row(time.monotonic(), sizes=(estimate, rest))
+        row = _Row(time.monotonic(), measure=measure)
         await self.model_check.once(self.chat.root_async_client)
         batch = deferred.current()  # a batch line: no pacing, no waiting, no window to adapt
         while True:
-            number = await self.pacer.acquire(estimate) if batch is None else 0
+            number = await self.pacer.acquire(row.sizes()[0]) if batch is None else 0
             row.calls += 1
             sent = time.monotonic()
             limited, delay = False, 0.0
             try:
                 value, raw = await once()
             except MethodRefused as exc:
-                self._count(row.tokens, getattr(exc.__cause__, "raw_message", None), row.sizes)
+                self._count(getattr(exc.__cause__, "raw_message", None), row)
                 row.reason = self.redact(describe(exc.__cause__ or exc))
                 row.calls -= 1  # the refused method's fault, not the row's: the retry is free
                 continue
@@ -305,7 +316,7 @@ class LLM:
                     usage = raw.usage_metadata
                     written = int(usage["output_tokens"]) if usage else 0
                     self.clock.succeeded(written, time.monotonic() - sent)
-                self._count(row.tokens, raw, row.sizes)
+                self._count(raw, row)
                 latency, tokens = time.monotonic() - row.started, row.tokens
                 return Reply(value, tokens[0], tokens[1], row.calls, latency, content_of(raw))
             finally:
@@ -320,7 +331,7 @@ class LLM:
         local = local_failure(exc)
         if local is not None:
             raise LocalClientError(self.redact(local))  # every call would fail alike
-        self._count(row.tokens, getattr(exc, "raw_message", None), row.sizes)
+        self._count(getattr(exc, "raw_message", None), row)
         row.raw = getattr(exc, "raw", None) or row.raw
         if deferred.current() is None:  # a batch result came from a reachable endpoint
             self.reachability.failed(exc)
@@ -356,7 +367,7 @@ class LLM:
             self._runnables.clear()  # they carry the old field
         return True
 
-    def _count(self, tokens: list[int], raw: AIMessage | None, sizes: tuple[int, int]) -> None:
+    def _count(self, raw: AIMessage | None, row: _Row) -> None:
         """Add one attempt's usage to the row's tokens and to this model's totals.
 
         On the batch road, a result read again (a row replayed to its next call) was billed
@@ -367,11 +378,11 @@ class LLM:
         if batch is not None and batch.fresh:
             self.pacer.traffic.calls += 1  # a batch line answered: one call made
         usage = raw.usage_metadata if raw is not None else None
-        if usage and sizes[1]:
+        if usage and self.system_check.looking and (sizes := row.sizes())[1]:
             self.system_check.observe(sizes[0], sizes[1], usage["input_tokens"])
         if usage:
             for index, used in enumerate((usage["input_tokens"], usage["output_tokens"])):
-                tokens[index] += used
+                row.tokens[index] += used
                 self.tokens[index] += used if billed else 0
 
     def _failure(self, exc: Exception, attempt: int, tokens: list[int]) -> tuple[str, float]:

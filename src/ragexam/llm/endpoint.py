@@ -135,6 +135,11 @@ class SystemCheck:
     def __init__(self, base_url: str | None, memory: EndpointMemory) -> None:
         self.base_url, self.memory, self.seen = base_url, memory, 0
 
+    @property
+    def looking(self) -> bool:
+        """Whether calls are still looked at (estimating a prompt's tokens costs ~5 us)."""
+        return self.seen < self.CALLS
+
     def observe(self, sent: int, without_system: int, billed: int) -> None:
         """One call's estimated prompt tokens, with and without its system text, and its bill."""
         if self.seen >= self.CALLS or not billed or without_system >= sent:
