@@ -175,6 +175,16 @@ class LLM:
         """HTTP calls made so far, failed ones included."""
         return self.pacer.traffic.calls
 
+    def figures(self) -> dict[str, Any]:
+        """For the manifest: calls made, the structured-output method used in the end, the
+        HTTP client, and the tokens billed."""
+        return {
+            "calls": self.calls,
+            "structured_output": self.method.value,
+            "http_client": self.http,
+            "tokens_billed": {"prompt": self.tokens[0], "completion": self.tokens[1]},
+        }
+
     async def aclose(self) -> None:
         """Keep what was learned of the endpoint's rate; close the model's connections."""
         learned = self.pacer.learned

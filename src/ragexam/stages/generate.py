@@ -271,10 +271,7 @@ class GeneratePlan:
         """Calls made, the structured-output method used in the end, and the harder questions'
         figures (kept, dropped, the verifier's calls and tokens by model)."""
         return {
-            "calls": self.llm.calls,
-            "structured_output": self.llm.method.value,
-            "http_client": self.llm.http,
-            "tokens_billed": {"prompt": self.llm.tokens[0], "completion": self.llm.tokens[1]},
+            **self.llm.figures(),
             **(self.harder.figures() if self.harder is not None else {}),
         }
 

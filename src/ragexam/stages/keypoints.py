@@ -115,8 +115,4 @@ class KeyPointsPlan:
 
     def figures(self) -> dict[str, Any]:
         """Calls made, and the structured-output method that was used in the end."""
-        return {
-            "calls": self.llm.calls,
-            "structured_output": self.llm.method.value,
-            "tokens_billed": {"prompt": self.llm.tokens[0], "completion": self.llm.tokens[1]},
-        }
+        return self.llm.figures()
