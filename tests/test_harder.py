@@ -13,6 +13,7 @@ from support import read_csv, run_cli
 from world import FACT, MISSING, TAG, World
 
 from ragexam.llm.prompts import prompts_dir
+from ragexam.stages.harder import KeyedQA
 
 # Two documents of four records; record i of a.md and of b.md share a topic (their vectors lie
 # close). Record 2 of a.md restates record 1's facts, the writer invents a fact about record 3
@@ -242,3 +243,10 @@ def test_a_split_exam_splits_its_harder_questions_too(env: FakeOpenAI, tmp_path:
     harder = [row for row in read_csv(out / "qa_dataset.csv") if row["kind"] != "single"]
     assert len(harder) == 10 and {row["split"] for row in harder} == {"validation", "test"}
     assert run_cli("stats", "--out", str(out), "--split", "test").exit_code == 0
+
+
+def test_a_harder_questions_key_points_are_held_as_a_single_questions_are() -> None:
+    written = KeyedQA(question="Q?", answer="A.", key_points=["  one fact ", "two"])
+    assert written.key_points == ["one fact", "two"]
+    with pytest.raises(ValueError, match="a key point must not be blank"):
+        KeyedQA(question="Q?", answer="A.", key_points=["one fact", "  "])  # re-asked

@@ -66,6 +66,14 @@ def parse_key_points(cell: str | None) -> list[str] | None:
     return points
 
 
+def stripped(points: Sequence[str]) -> list[str]:
+    """Key points as a model wrote them, stripped; ValueError (a validation error, and so a
+    re-ask) when one is blank."""
+    if not all(point.strip() for point in points):
+        raise ValueError("a key point must not be blank")
+    return [point.strip() for point in points]
+
+
 def dump(points: Sequence[str]) -> str:
     """Key points as the CSV cell holds them: a JSON array, non-ASCII kept as it is."""
     return json.dumps(list(points), ensure_ascii=False)

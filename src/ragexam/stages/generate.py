@@ -13,7 +13,7 @@ from typing import Any
 from langchain_core.messages import BaseMessage
 from pydantic import BaseModel, Field, field_validator
 
-from ragexam.analysis.keypoints import FEWEST, MOST, dump
+from ragexam.analysis.keypoints import FEWEST, MOST, dump, stripped
 from ragexam.analysis.sampling import Sampling, assign_splits, check_resume, choose
 from ragexam.config import Settings
 from ragexam.errors import RowError
@@ -81,9 +81,7 @@ class QAPair(BaseModel):
     @field_validator("key_points")
     @classmethod
     def _points(cls, points: list[str]) -> list[str]:
-        if not all(point.strip() for point in points):
-            raise ValueError("a key point must not be blank")
-        return [point.strip() for point in points]
+        return stripped(points)
 
 
 def qa_id_for(chunk_id: str, index: int = 0) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 from langchain_core.messages import BaseMessage
 from pydantic import BaseModel, Field, field_validator
 
+from ragexam.analysis.keypoints import stripped
 from ragexam.analysis.sampling import assign_splits
 from ragexam.config import Settings
 from ragexam.errors import AuthError, EndpointError, RagexamError
@@ -74,6 +75,11 @@ class KeyedQA(BaseModel):
         if not value.strip():
             raise ValueError("must not be blank")
         return value.strip()
+
+    @field_validator("key_points")
+    @classmethod
+    def _points(cls, points: list[str]) -> list[str]:
+        return stripped(points)  # as a single question's are
 
 
 class Harder:

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from ragexam.analysis.keypoints import FEWEST, MOST, dump, source_hash
+from ragexam.analysis.keypoints import FEWEST, MOST, dump, source_hash, stripped
 from ragexam.config import Scale, Settings
 from ragexam.io.runfolder import RunFolder
 from ragexam.llm.client import LLM
@@ -41,9 +41,7 @@ class KeyPoints(BaseModel):
     @field_validator("key_points")
     @classmethod
     def _points(cls, points: list[str]) -> list[str]:
-        if not all(point.strip() for point in points):
-            raise ValueError("a key point must not be blank")
-        return [point.strip() for point in points]
+        return stripped(points)
 
 
 def write_key_points(
