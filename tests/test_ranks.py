@@ -44,6 +44,7 @@ def test_sources_whose_ids_are_gone_are_found_by_the_exams_hash_of_their_texts()
     assert ranks_of(["c0", "c1"], [None, None], hits, hashes) == [3, 1]
     assert ranks_of(["c0", "c1"], [None, None], hits) == [None, None]  # without them, misses
     assert ranks_of(["c0", "c1"], [None, None], hits, hashes[:1]) == [3, None]
+    assert ranks_of(["c1"], [None], hits, [*hashes[1:], "more"]) == [1]  # a hand-made cell
 
 
 def test_answer_ranks_every_source_chunk(env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

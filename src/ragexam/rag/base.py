@@ -40,12 +40,10 @@ def ranks_of(
     A hit counts for one source chunk at most, as trec_eval judges a retrieved document once:
     two sources of one text take two hits.
     """
-    hashes = list(source_hashes) + [""] * (len(source_ids) - len(source_hashes))
-    hit_hashes = (
-        [text_hash(hit.text) if hit.text is not None else None for hit in hits]
-        if any(hashes)
-        else [None] * len(hits)
-    )
+    # Hashes beyond the sources (a hand-made exam's) are ignored; missing ones match nothing.
+    hashes = (list(source_hashes) + [""] * len(source_ids))[: len(source_ids)]
+    hashed = any(hashes)
+    hit_hashes = [text_hash(hit.text) if hashed and hit.text is not None else None for hit in hits]
     ranks: list[int | None] = []
     taken: set[int] = set()
     for source_id, text, digest in zip(source_ids, source_texts, hashes, strict=True):
@@ -53,10 +51,7 @@ def ranks_of(
             (
                 rank
                 for rank, (hit, hit_hash) in enumerate(zip(hits, hit_hashes, strict=True), 1)
-                if rank not in taken
-                and (
-                    hit.id == source_id or _same_text(hit, text) or (digest and hit_hash == digest)
-                )
+                if rank not in taken and _is_source(hit, hit_hash, source_id, text, digest)
             ),
             None,
         )
@@ -64,6 +59,13 @@ def ranks_of(
         if rank is not None:
             taken.add(rank)
     return ranks
+
+
+def _is_source(
+    hit: Hit, hit_hash: str | None, source_id: str, text: str | None, digest: str
+) -> bool:
+    """Whether a hit is this source chunk: its id, its text, or the exam's hash of its text."""
+    return hit.id == source_id or _same_text(hit, text) or bool(digest and hit_hash == digest)
 
 
 def _same_text(hit: Hit, text: str | None) -> bool:
