@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import re
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
+
+from ragexam.analysis.keypoints import stripped
 
 SHORT_CHUNK = 100  # characters; a shorter chunk rarely holds a question worth asking
 REFERS_TO_TEXT = re.compile(
@@ -19,6 +21,23 @@ REFERS_TO_TEXT = re.compile(
     re.IGNORECASE,
 )
 SEPARATOR = ";"
+
+
+class Written(BaseModel):
+    """What every exam writer's reply must hold, whatever its fields say: a question and an
+    answer that are not blank, and key points none of which is blank (all stripped)."""
+
+    @field_validator("question", "answer", check_fields=False)
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be blank")
+        return value.strip()
+
+    @field_validator("key_points", check_fields=False)
+    @classmethod
+    def _points(cls, points: list[str]) -> list[str]:
+        return stripped(points)
 
 
 class Critique(BaseModel):

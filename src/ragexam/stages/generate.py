@@ -11,9 +11,9 @@ from itertools import islice
 from typing import Any
 
 from langchain_core.messages import BaseMessage
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field
 
-from ragexam.analysis.keypoints import FEWEST, MOST, dump, stripped
+from ragexam.analysis.keypoints import FEWEST, MOST, dump
 from ragexam.analysis.sampling import Sampling, assign_splits, check_resume, choose
 from ragexam.config import Settings
 from ragexam.errors import RowError
@@ -25,7 +25,14 @@ from ragexam.llm.client import LLM, Reply
 from ragexam.llm.prompts import Prompt, load_prompt
 from ragexam.options import Given
 from ragexam.stages.batch import run_settings
-from ragexam.stages.flags import Critique, cheap_flags, critic_flags, join_flags, normalise
+from ragexam.stages.flags import (
+    Critique,
+    Written,
+    cheap_flags,
+    critic_flags,
+    join_flags,
+    normalise,
+)
 from ragexam.stages.harder import harder_for
 from ragexam.stages.runner import Stage, StageResult, Task, execute
 from ragexam.stages.session import Session
@@ -59,7 +66,7 @@ QA_COLUMNS = (
 )
 
 
-class QAPair(BaseModel):
+class QAPair(Written):
     """What the exam writer must return for one chunk."""
 
     language: str = Field("", description="The language the chunk is written in, e.g. English.")
@@ -70,18 +77,6 @@ class QAPair(BaseModel):
         max_length=MOST,
         description="The answer's atomic facts, each one short statement, in its language.",
     )
-
-    @field_validator("question", "answer")
-    @classmethod
-    def _not_blank(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("must not be blank")
-        return value.strip()
-
-    @field_validator("key_points")
-    @classmethod
-    def _points(cls, points: list[str]) -> list[str]:
-        return stripped(points)
 
 
 def qa_id_for(chunk_id: str, index: int = 0) -> str:

@@ -14,9 +14,8 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from langchain_core.messages import BaseMessage
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field
 
-from ragexam.analysis.keypoints import stripped
 from ragexam.analysis.sampling import assign_splits
 from ragexam.config import Settings
 from ragexam.errors import AuthError, EndpointError, RagexamError
@@ -29,7 +28,7 @@ from ragexam.options import Given
 from ragexam.rag.embedders import make_embedder
 from ragexam.rag.retrieval import Retriever
 from ragexam.stages.candidates import Candidate, draw_pairs, draw_unanswerable
-from ragexam.stages.flags import cheap_flags, join_flags, normalise
+from ragexam.stages.flags import Written, cheap_flags, join_flags, normalise
 from ragexam.stages.quota import Asked, Quota
 from ragexam.stages.runner import Task
 from ragexam.stages.session import Session
@@ -57,7 +56,7 @@ FAILED = "failed"  # the reason of a candidate whose calls failed: tried again b
 LONG_ENOUGH = 10**9  # a harder question's chunks are not flagged short: it has two, or none
 
 
-class KeyedQA(BaseModel):
+class KeyedQA(Written):
     """What the writer of a harder question returns."""
 
     language: str = Field("", description="The language the chunk is written in, e.g. English.")
@@ -68,18 +67,6 @@ class KeyedQA(BaseModel):
         max_length=8,
         description="The answer's atomic facts, one short sentence each.",
     )
-
-    @field_validator("question", "answer")
-    @classmethod
-    def _not_blank(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("must not be blank")
-        return value.strip()
-
-    @field_validator("key_points")
-    @classmethod
-    def _points(cls, points: list[str]) -> list[str]:
-        return stripped(points)  # as a single question's are
 
 
 class Harder:
