@@ -3,6 +3,8 @@ its result is written as the sync reply is, column for column (llm/requests.py, 
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +12,9 @@ import pytest
 from langchain_core.documents import Document
 from openai_server import FakeOpenAI
 from support import build_store, read_csv, run_cli, write_dict_rows
+from world import World
+
+from ragexam.llm.endpoint import SystemCheck
 
 # Texts that JSON, CSV and the prompts' delimiters must each carry unchanged.
 AWKWARD = [
@@ -86,13 +91,25 @@ def rows(path: Path) -> list[dict[str, str]]:
 
 def judge_on(road: str, server: FakeOpenAI, tmp_path: Path, *options: str) -> tuple[Any, Any]:
     """Judge the awkward exam on one road: (the bodies sent, the rows written)."""
-    clear(server)
     run = tmp_path / road
     awkward_exam(run)
+    return judged(road, server, run, *options)
+
+
+def judged(road: str, server: FakeOpenAI, run: Path, *options: str) -> tuple[Any, Any]:
+    """Judge a run folder's exam on one road: (the bodies sent, the rows written)."""
+    clear(server)
     batch = ["--batch"] if road == "batch" else []
     result = run_cli("judge", "--out", str(run), "--controls", "0", *batch, *options)
     assert result.exit_code == 0, result.output
     return bodies(server, road), rows(run / "judgments.csv")
+
+
+def direct(run: Path) -> tuple[int, int]:
+    """First requests the batch road rendered from their form, and first results it read,
+    without replaying the stage's work (llm/requests.py Form, stages/replay.py Opens)."""
+    record = json.loads((run / "manifest.json").read_text())["stages"]["judge"]["batch"]
+    return record["requests_rendered"], record["results_read"]
 
 
 @pytest.mark.parametrize(
@@ -119,6 +136,45 @@ def test_judge_bodies_and_rows_are_the_same_on_both_roads(
     assert batch_bodies == sync_bodies  # byte for byte
     assert batch_rows == sync_rows
     assert all(row["status"] == "ok" for row in batch_rows)
+    assert direct(tmp_path / "batch") == directly(len(AWKWARD), method, system)
+
+
+def directly(rows: int, method: str = "json_schema", system: str = "system") -> tuple[int, int]:
+    """The requests and results the batch road should take directly, of a stage's rows: every
+    request but the first of all (which looks the model up, the whole way); every result but
+    the tool calls, and the first few while the system-message check looks at their usage."""
+    looked_at = SystemCheck.CALLS if system == "system" else 0
+    return rows - 1, 0 if method == "function_calling" else rows - looked_at
+
+
+class AwkwardWorld(World):
+    """The world, each chunk ending with an awkward sentence (its answers and points do not)."""
+
+    def text(self, d: int, i: int) -> str:
+        return f"{super().text(d, i)} {AWKWARD[(d + i) % len(AWKWARD)]}"
+
+
+@pytest.mark.parametrize("context", [False, True])
+def test_key_point_marks_are_rendered_and_read_directly_as_the_sync_road_makes_them(
+    roads: FakeOpenAI, tmp_path: Path, context: bool
+) -> None:
+    # A world whose answers hold every key point (found.md) or only the first (forgetful.md),
+    # its chunks and points holding awkward text; marked with and without the context.
+    world = AwkwardWorld({"found.md": 3, "forgetful.md": 3}, forgetful={"forgetful.md"})
+    roads.responder, roads.embed = world.respond, world.embed
+    store = str(world.build_store(tmp_path / "store"))
+    base = tmp_path / "base"
+    for stage in (["generate"], ["answer", "--embedding", "openai:fake-embed", "--k", "3"]):
+        done = run_cli(*stage, "--chroma", store, "--out", str(base))
+        assert done.exit_code == 0, done.output
+    found = {}
+    for road in ROADS:
+        shutil.copytree(base, tmp_path / road)
+        found[road] = judged(road, roads, tmp_path / road, *(["--with-context"] * context))
+    assert found["batch"] == found["sync"]  # bodies byte for byte, and rows
+    verdicts = {row["key_point_verdicts"] for row in found["batch"][1]}
+    assert {json.loads(v).count("present") for v in verdicts} == {1, 3}
+    assert direct(tmp_path / "batch") == directly(6)
 
 
 def test_a_fallback_is_taken_on_both_roads_and_the_bodies_still_match(

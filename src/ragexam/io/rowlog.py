@@ -11,7 +11,7 @@ from typing import IO, Any
 
 from ragexam.errors import OutputFileError
 from ragexam.io.atomic import atomic_file, write_error
-from ragexam.io.csvfile import Record, counted, encode_row, format_cell, records_in, unescape_cell
+from ragexam.io.csvfile import Record, RowEncoder, counted, encode_row, records_in, unescape_cell
 
 
 class RowLog:
@@ -23,6 +23,7 @@ class RowLog:
         self.quarantined = 0  # unreadable rows moved to FILE.bad-rows by the last load
         self._fd: int | None = None
         self._spans: array[int] | None = None  # start and end of each row the last load read
+        self._encoder = RowEncoder()
 
     @property
     def bad_rows_path(self) -> Path:
@@ -163,18 +164,17 @@ class RowLog:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
             except OSError as exc:  # a file made read-only, in a folder that is not
                 raise write_error(self.path, exc) from None
-        data = self._line(row).encode("utf-8")
-        size = os.fstat(self._fd).st_size
+        data, written = memoryview(self._line(row).encode("utf-8")), 0
         try:
-            while data:
-                data = data[os.write(self._fd, data) :]
-        except OSError as exc:
-            os.ftruncate(self._fd, size)  # shrinking needs no room, even on a full disk
+            while written < len(data):
+                written += os.write(self._fd, data[written:])
+        except OSError as exc:  # cut back what this row wrote; shrinking needs no room
+            os.ftruncate(self._fd, os.fstat(self._fd).st_size - written)
             advice = "; make room and rerun the same command, every finished row is kept"
             raise write_error(self.path, exc, advice) from None
 
     def _line(self, row: Mapping[str, Any]) -> str:
-        return encode_row([format_cell(row.get(column)) for column in self.columns])
+        return self._encoder.row(row, self.columns)
 
     def close(self) -> None:
         """Flush to disk and close."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Generic, TypeVar
@@ -26,10 +26,11 @@ import openai
 from langchain_core.messages import AIMessage, BaseMessage, SystemMessage
 from langchain_core.runnables import Runnable
 from langchain_openai import ChatOpenAI
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from ragexam.config import Settings, StructuredMethod, SystemRole
 from ragexam.errors import AuthError, LLMError, LocalClientError, OutputError
+from ragexam.io.batchfiles import Answer
 from ragexam.llm import deferred
 from ragexam.llm.endpoint import (
     EndpointMemory,
@@ -42,9 +43,9 @@ from ragexam.llm.endpoint import (
 )
 from ragexam.llm.failures import describe, rate_limited, retry_after
 from ragexam.llm.pacing import Pacer, estimate_tokens
-from ragexam.llm.prompts import system_as_user
+from ragexam.llm.prompts import Call, system_as_user
 from ragexam.llm.replies import InvalidReply, NoAnswer, check_reply
-from ragexam.llm.requests import Requests
+from ragexam.llm.requests import Form, Rendered, Requests
 from ragexam.llm.structured import (
     CUT_OFF,
     MethodChoice,
@@ -54,6 +55,7 @@ from ragexam.llm.structured import (
     parse_structured,
     reask,
     schema_tokens,
+    tolerant_json,
     with_schema,
 )
 from ragexam.llm.timing import CallClock
@@ -169,6 +171,7 @@ class LLM:
         self.tokens = [0, 0]  # prompt and completion tokens of every call, failed ones too
         self.requests = Requests(settings.openai_base_url)  # what each call sends, as bytes
         self._runnables: dict[tuple[type[BaseModel], StructuredMethod], Runnable[Any, Any]] = {}
+        self._forms: dict[tuple[Any, ...], Form | None] = {}  # a first call's request, by shape
 
     @property
     def calls(self) -> int:
@@ -207,7 +210,7 @@ class LLM:
         async def once() -> tuple[M, AIMessage]:
             async with self.choice.attempt() as method:
                 runnable = self._structured_runnable(schema, method)
-                shaped = self._shape(with_schema(conversation, schema, method))
+                shaped = self._sent(conversation, schema, method)
                 raw = await self._send(runnable, shaped, (schema, method), limit)
             assert isinstance(raw, AIMessage)
             try:
@@ -222,6 +225,76 @@ class LLM:
             return value, raw
 
         return await self._retrying(once, partial(self._sizes, messages))
+
+    def _sent(
+        self, messages: list[BaseMessage], schema: type[BaseModel], method: StructuredMethod
+    ) -> list[BaseMessage]:
+        """The messages a structured call sends under `method`."""
+        return self._shape(with_schema(messages, schema, method))
+
+    def request_of(self, call: Call, body: bool = True) -> Rendered | None:
+        """The request of the call's first attempt now, as `structured` would send it on the
+        batch road, rendered from the call's values (without its body, for its digest alone);
+        None: build it the whole way (the first call of all, which looks the model up, a form
+        not learned yet, or a shape no form renders exactly)."""
+        form = self._forms.get(self._form_key(call)) if self.model_check.done else None
+        if form is None:
+            return None
+        try:
+            return form.render(call.prompt.fill(**call.values), body)
+        except UnicodeEncodeError:
+            return None  # the stack fails on it too: let the whole way meet it
+
+    def learns(self, call: Call) -> bool:
+        """Whether `request_of` would render the call once its form is learned."""
+        return self.model_check.done and self._form_key(call) not in self._forms
+
+    async def learn(self, call: Call) -> None:
+        """Learn the form of the call's first request now, from the stack itself."""
+        method, schema, prompt = self.choice.method, call.schema, call.prompt
+
+        def make(values: Mapping[str, str]) -> list[BaseMessage]:
+            return self._sent(Call(prompt, values, schema).messages(), schema, method)
+
+        runnable = self._structured_runnable(schema, method)
+        form = await self.requests.learn(runnable, make, prompt.fill, prompt.variables)
+        self._forms[self._form_key(call)] = form
+
+    def _form_key(self, call: Call) -> tuple[Any, ...]:
+        """What a call's first request depends on beside its values."""
+        return (call.prompt, call.schema, self.choice.method, self.bound.field, self.system_as_user)
+
+    def read_first(self, call: Call, url: str, answer: Answer) -> Reply[Any] | None:
+        """The reply of the call's first attempt, read from its batch result without the HTTP
+        stack and langchain's reader; None where the whole way could read it otherwise (a
+        failure, a refusal, a tool call, a cut-off reply, one that does not validate, a reply
+        the system-message check still wants to see)."""
+        if (
+            answer.status != 200
+            or not isinstance(answer.body, dict)
+            or not deferred.is_chat(url)
+            or (self.system_check.looking and not self.system_as_user)  # it wants the usage
+            or self.choice.method == StructuredMethod.function_calling
+        ):
+            return None
+        found = deferred.plain_completion(answer.body)
+        if found is None:
+            return None
+        content, prompt_tokens, completion_tokens = found
+        try:
+            value = call.schema.model_validate(tolerant_json(content))
+        except (OutputError, ValidationError):
+            return None
+        return Reply(value, prompt_tokens, completion_tokens, 1, 0.0, content)
+
+    def booked(self, reply: Reply[Any], fresh: bool) -> None:
+        """Count a reply `read_first` read, as `structured` counts one: a call and its tokens
+        when this run is the first to read it, and a valid reply under the method in use."""
+        if fresh:
+            self.pacer.traffic.calls += 1
+            self.tokens[0] += reply.prompt_tokens
+            self.tokens[1] += reply.completion_tokens
+        self.choice.succeeded(self.choice.method)
 
     def limit(self, schema: type[BaseModel]) -> int:
         """The bound on a reply of `schema`: what its fields need, within the stage's bound."""

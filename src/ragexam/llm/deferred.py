@@ -27,7 +27,7 @@ import openai
 from langchain_core.messages import AIMessage, BaseMessage
 
 from ragexam.io.batchfiles import UNRUN, Answer
-from ragexam.llm.replies import CHAT_PATH, NoAnswer, choice_of, missing_answer
+from ragexam.llm.replies import CHAT_PATH, InvalidReply, NoAnswer, choice_of, missing_answer
 
 if TYPE_CHECKING:
     from langchain_core.runnables import Runnable
@@ -56,7 +56,12 @@ class Unanswered(openai.OpenAIError):
 
 def digest_of(body: bytes) -> str:
     """The digest of a request body that its custom_id carries."""
-    return hashlib.blake2b(body, digest_size=8).hexdigest()
+    return digest_state(body).hexdigest()
+
+
+def digest_state(start: bytes) -> hashlib.blake2b:
+    """The digest's state after the start of a body: the rest is added by `update`."""
+    return hashlib.blake2b(start, digest_size=8)
 
 
 @dataclass(frozen=True)
@@ -187,6 +192,30 @@ def completion_message(chat: ChatOpenAI, body: dict[str, Any]) -> AIMessage:
     message.response_metadata = {**(generation.generation_info or {}), **message.response_metadata}
     assert isinstance(message, AIMessage)
     return message
+
+
+def plain_completion(body: dict[str, Any]) -> tuple[str, int, int] | None:
+    """(text, prompt tokens, completion tokens) of a completion that holds text and usage and
+    nothing else to read (no tool call, not cut off, not refused); else None."""
+    try:
+        choice = choice_of(body)
+    except InvalidReply:
+        return None
+    message, usage = choice["message"], body.get("usage")
+    content = message.get("content")
+    if (
+        not isinstance(content, str)
+        or message.get("tool_calls")
+        or message.get("function_call")
+        or choice.get("finish_reason") in ("length", "content_filter")
+        or not isinstance(usage, dict)
+        or body.get("error")  # langchain-openai raises it, whatever the choices say
+    ):
+        return None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if type(prompt) is not int or type(completion) is not int:
+        return None
+    return content, prompt, completion
 
 
 def is_chat(url: str) -> bool:

@@ -6,6 +6,8 @@ import hashlib
 import re
 import string
 import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -112,6 +114,21 @@ class Prompt:
             name: values[name] if isinstance(values[name], Delimited) else neutralise(values[name])
             for name in self.variables
         }
+
+
+@dataclass(frozen=True)
+class Call:
+    """A structured call, as its prompt's inputs: the prompt, the values it is filled with, and
+    the schema of the reply. Its messages are the prompt's; the batch road renders its request
+    from the values alone (llm/requests.py)."""
+
+    prompt: Prompt
+    values: Mapping[str, str]
+    schema: type[BaseModel]
+
+    def messages(self) -> list[BaseMessage]:
+        """The prompt's messages, with the values in."""
+        return self.prompt.template.format_messages(**self.prompt.fill(**self.values))
 
 
 def neutralise(text: str) -> str:

@@ -26,6 +26,7 @@ from ragexam.errors import ContextFull, LLMError, OutputError
 M = TypeVar("M", bound=BaseModel)
 CUT_OFF = "the reply was cut off at max_tokens (finish_reason=length)"
 CONTEXT_FULL = 0.9  # a reply cut below this share of its bound was cut by the context window
+_TOLERANT = json.JSONDecoder(strict=False)  # small models write raw newlines inside strings
 STRING_TOKENS = 160  # a free-text field's allowance, where the schema sets no maxLength
 ARRAY_ITEMS = 8  # an array's items, where it sets no maxItems
 
@@ -106,8 +107,7 @@ def tolerant_json(text: str, raw: AIMessage | None = None) -> Any:
     if start < 0:
         raise output_error("the reply holds no JSON object", raw)
     try:
-        # strict=False: small models write raw newlines inside JSON strings.
-        value, _ = json.JSONDecoder(strict=False).raw_decode(text, start)
+        value, _ = _TOLERANT.raw_decode(text, start)
     except json.JSONDecodeError as exc:
         raise output_error(f"the reply is not valid JSON ({exc.msg})", raw) from None
     return value
@@ -266,6 +266,11 @@ class MethodChoice:
         finally:
             if held:
                 self._lock.release()
+
+    def succeeded(self, method: StructuredMethod) -> None:
+        """A call under `method` gave a valid reply: booked as `attempt` and `outcome` book it."""
+        self.outcome(method, valid=True)
+        self.settled = self.settled or self.method == method
 
     def outcome(self, method: StructuredMethod, valid: bool) -> bool:
         """Book a reply under `method`; True when its replies failing switched the method."""

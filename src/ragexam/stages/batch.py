@@ -12,6 +12,7 @@ out in a later round, within the same retry budget as on the sync road.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -85,6 +86,7 @@ class BatchRoad:
         self._check_elsewhere()
         self.out: dict[str, int] = outstanding(self.ledger)
         self.rounds = self.sent = self.merged = self.batches = 0
+        self.direct = [0, 0]  # first requests rendered, and first results read, directly
         self.shards: list[str] = []  # written this run
         self.waiting = 0
 
@@ -119,6 +121,7 @@ class BatchRoad:
         passed = Pass(self.runner, self.plan, self.ledger, index, self.out, folders, self.kind)
         await passed.run(done)
         self.sent += passed.sent
+        self.direct = [self.direct[0] + passed.rendered, self.direct[1] + passed.read]
         self.shards += [shard.name for shard in passed.shards]
         self.tidy()
         return passed
@@ -182,6 +185,9 @@ class BatchRoad:
             "rounds": self.rounds,
             "requests": self.sent,
             "results_merged": self.merged,
+            # of those, rendered from the first call's form and read without replaying the work
+            "requests_rendered": self.direct[0],
+            "results_read": self.direct[1],
             "shards": len(self.shards),
             "batches": self.batches,
             "seconds": round(max(ended) - min(started), 3) if started and ended else None,
@@ -189,14 +195,12 @@ class BatchRoad:
         }
 
 
-def _requests(shard: ShardState) -> list[tuple[str, int]]:
+def _requests(shard: ShardState) -> Iterator[tuple[str, int]]:
     """(key, request) of each line of a shard."""
-    found = []
     for identifier in read_ids(shard.ids):
         parsed = parse_custom_id(identifier)
         if parsed is not None:
-            found.append((parsed[3], token(parsed[1], parsed[2])))
-    return found
+            yield parsed[3], token(parsed[1], parsed[2])
 
 
 def _identity(path: Path) -> tuple[int, int]:

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from ragexam.config import Scale
 from ragexam.llm.client import LLM, Reply
-from ragexam.llm.prompts import Delimited, Prompt, load_prompt
+from ragexam.llm.prompts import Call, Delimited, Prompt, load_prompt
 from ragexam.stages.exams import Exam
 
 REASONING = "Briefly: the ground truth's facts found or missing, and the answer's extra statements."
@@ -87,12 +87,20 @@ class Grader(Protocol):
         """Raise RowError when the exam cannot be graded on this scale (before any call)."""
         ...
 
+    def opening(self, exam: Exam) -> Call:
+        """The first call that grades the answer: its prompt, values and schema."""
+        ...
+
     def messages(self, exam: Exam) -> list[BaseMessage]:
         """The prompt that grades the answer."""
         ...
 
     async def sample(self, llm: LLM, exam: Exam) -> Sample:
         """One validated grade; LLMError when the reply never validated."""
+        ...
+
+    def settled(self, exam: Exam, reply: Reply[Any]) -> Sample | None:
+        """The grade when the opening call's valid reply is all it takes; None: more calls."""
         ...
 
     def columns(self, samples: Sequence[Sample]) -> dict[str, Any]:
@@ -104,7 +112,8 @@ class ScaleGrader:
     """Grades as two numbers on the unit or ten scale, as before key points."""
 
     def __init__(self, scale: Scale, prompts: Path | None) -> None:
-        self.schema, self.divisor, self.note = SCALES[scale]
+        self.schema, self.divisor, note = SCALES[scale]
+        self.note = Delimited(note)
         self.prompt = load_prompt("judge", prompts)
 
     def input_hash(self, exam: Exam) -> str:
@@ -114,19 +123,26 @@ class ScaleGrader:
     def check(self, exam: Exam) -> None:
         """Any answer with a question can be graded."""
 
+    def opening(self, exam: Exam) -> Call:
+        """The judge prompt, with the scale's note: the one call of a grade."""
+        values = {
+            "question": exam.question or "",
+            "ground_truth": exam.ground_truth or "",
+            "answer": exam.answer,
+            "scale": self.note,
+        }
+        return Call(self.prompt, values, self.schema)
+
     def messages(self, exam: Exam) -> list[BaseMessage]:
         """The judge prompt, with the scale's note."""
-        values = self.prompt.fill(
-            question=exam.question or "",
-            ground_truth=exam.ground_truth or "",
-            answer=exam.answer,
-            scale=Delimited(self.note),
-        )
-        return self.prompt.template.format_messages(**values)
+        return self.opening(exam).messages()
 
     async def sample(self, llm: LLM, exam: Exam) -> Sample:
         """The two numbers, stored in [0, 1]."""
-        reply = await llm.structured(self.messages(exam), self.schema)
+        return self.settled(exam, await llm.structured(self.messages(exam), self.schema))
+
+    def settled(self, exam: Exam, reply: Reply[Any]) -> Sample:
+        """A valid reply is the grade."""
         grade = reply.value
         divisor = self.divisor
         return Sample(
@@ -140,6 +156,17 @@ class ScaleGrader:
 
 def merged(samples: Sequence[Sample]) -> dict[str, Any]:
     """The columns every scale shares: means and spreads of the samples, and their cost."""
+    if len(samples) == 1:  # the common case, at a million rows: the same values, 4 µs sooner
+        cost = samples[0].cost()
+        return {
+            "completeness": float(samples[0].completeness),
+            "conciseness": float(samples[0].conciseness),
+            "completeness_std": None,
+            "conciseness_std": None,
+            "samples_valid": 1,
+            **cost,
+            "latency_s": round(cost["latency_s"], 3),
+        }
     completeness = [sample.completeness for sample in samples]
     conciseness = [sample.conciseness for sample in samples]
     costs = [sample.cost() for sample in samples]

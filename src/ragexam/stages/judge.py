@@ -26,8 +26,8 @@ from ragexam.errors import LLMError, RowError
 from ragexam.io.cells import SINGLE, UNANSWERABLE
 from ragexam.io.manifest import read_manifest
 from ragexam.io.runfolder import RunFolder
-from ragexam.llm.client import LLM
-from ragexam.llm.prompts import Prompt
+from ragexam.llm.client import LLM, Reply
+from ragexam.llm.prompts import Call, Prompt
 from ragexam.options import Given
 from ragexam.stages.batch import run_settings
 from ragexam.stages.exams import INPUTS, Exam, Exams, inputs
@@ -197,8 +197,8 @@ class JudgePlan:
     def tasks(self, done: set[str]) -> tuple[int, Iterator[Task]]:
         """The answers not yet judged."""
         left = [exam for exam in self.exams if exam.qa_id not in done]
-        hashed = self.grader.input_hash
-        tasks = (Task(e.qa_id, {**self.known(), "input_hash": hashed(e)}, e) for e in left)
+        hashed, known = self.grader.input_hash, self.known()
+        tasks = (Task(e.qa_id, {**known, "input_hash": hashed(e)}, e) for e in left)
         return len(left), tasks
 
     def inputs(self) -> Mapping[str, str]:
@@ -228,8 +228,32 @@ class JudgePlan:
             assert failure is not None
             failure.tokens, failure.attempts = (spent[0], spent[1]), spent[2]  # every sample's
             raise failure
+        return self.finish(task, samples, failure)
+
+    def finish(self, task: Task, samples: list[Sample], failure: LLMError | None) -> dict[str, Any]:
+        """The row's values, from its valid samples (and why the others failed)."""
         row = {**merged(samples), **self.grader.columns(samples)}
         return {**row, "sample_error": failure.reason if failure else None}
+
+    def opening(self, task: Task) -> Call | None:
+        """The row's first call, as `work` makes it; None when the row fails before any call
+        (the batch road writes a row's first request, and reads its first reply, from this)."""
+        exam: Exam = task.payload
+        if exam.question is None or exam.ground_truth is None:
+            return None
+        try:
+            self.grader.check(exam)
+        except RowError:
+            return None
+        return self.grader.opening(exam)
+
+    def answered(self, task: Task, reply: Reply[Any]) -> dict[str, Any] | None:
+        """The row's values when the first call's valid reply is all `work` needs (one sample,
+        which it settles); None: the row goes on to more calls."""
+        if self.samples != 1:
+            return None
+        sample = self.grader.settled(task.payload, reply)
+        return None if sample is None else self.finish(task, [sample], None)
 
     def messages(self, exam: Exam) -> list[BaseMessage]:
         """The prompt that grades one answer."""
@@ -284,8 +308,8 @@ class ControlPlan(JudgePlan):
             key_points=source.key_points,
         )  # fmt: skip
 
-    async def work(self, task: Task) -> dict[str, Any]:
-        """Grade the control answer; it passes when its grades fall within its kind's bounds."""
-        row = await super().work(task)
+    def finish(self, task: Task, samples: list[Sample], failure: LLMError | None) -> dict[str, Any]:
+        """The control's grades; it passes when they fall within its kind's bounds."""
+        row = super().finish(task, samples, failure)
         bounds = KINDS[task.known["control"]].bounds
         return {**row, "passed": bounds.passes(row["completeness"], row["conciseness"])}

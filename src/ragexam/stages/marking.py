@@ -30,7 +30,7 @@ from ragexam.analysis.keypoints import (
 )
 from ragexam.errors import LLMError, OutputError, RowError
 from ragexam.llm.client import LLM, Reply
-from ragexam.llm.prompts import Delimited, context_block, load_prompt, neutralise
+from ragexam.llm.prompts import Call, Delimited, context_block, load_prompt, neutralise
 from ragexam.llm.structured import reask
 from ragexam.stages.exams import Exam
 from ragexam.stages.grading import Sample
@@ -100,20 +100,24 @@ class KeyPointGrader:
 
     def messages(self, exam: Exam) -> list[BaseMessage]:
         """The marking prompt: the question, ground truth, numbered key points and answer."""
+        return self.opening(exam).messages()
+
+    def opening(self, exam: Exam) -> Call:
+        """The marking call: the question, ground truth, numbered key points and answer."""
         points = self._points(exam)
         listed = "\n".join(f"{n}. {neutralise(point)}" for n, point in enumerate(points, 1))
         context = ""
         if self.with_context:
             context = f"\n<context>\n{context_block(self._chunks(exam))}\n</context>\n"
-        values = self.prompt.fill(
-            question=exam.question or "",
-            ground_truth=exam.ground_truth or "",
-            key_points=Delimited(listed),
-            answer=exam.answer,
-            context=Delimited(context),
-            context_rule=Delimited(CONTEXT_RULE if self.with_context else ""),
-        )
-        return self.prompt.template.format_messages(**values)
+        values = {
+            "question": exam.question or "",
+            "ground_truth": exam.ground_truth or "",
+            "key_points": Delimited(listed),
+            "answer": exam.answer,
+            "context": Delimited(context),
+            "context_rule": Delimited(CONTEXT_RULE if self.with_context else ""),
+        }
+        return Call(self.prompt, values, self.schema)
 
     async def sample(self, llm: LLM, exam: Exam) -> Sample:
         """One call, and one re-ask if its verdicts do not fit the key points or the answer."""
@@ -126,6 +130,15 @@ class KeyPointGrader:
             problem = misfit(replies[-1].value, points, exam.answer)
         if problem is not None:
             raise _failed(problem, replies)
+        return self._sample(replies)
+
+    def settled(self, exam: Exam, reply: Reply[Any]) -> Sample | None:
+        """The grade when the first reply's verdicts fit; None: it is asked again."""
+        if misfit(reply.value, len(self._points(exam)), exam.answer) is not None:
+            return None
+        return self._sample([reply])
+
+    def _sample(self, replies: list[Reply[Any]]) -> Sample:
         marks = replies[-1].value
         verdicts = [mark.verdict for mark in marks.key_points]
         statements = [mark.verdict for mark in marks.answer_statements]

@@ -21,7 +21,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, Protocol, runtime_checkable
 
 from ragexam.io.batchfiles import (
     Shard,
@@ -34,8 +34,10 @@ from ragexam.io.batchfiles import (
     scan_results,
 )
 from ragexam.io.ledger import Ledger
+from ragexam.llm.client import LLM, Reply
 from ragexam.llm.deferred import Deferred, Known, RowCalls, calls_of
-from ragexam.stages.runner import Plan, Runner, Task, aiter_of
+from ragexam.llm.prompts import Call
+from ragexam.stages.runner import Plan, Runner, Task, aiter_of, ok_row
 
 _OFFSET_BITS, _LENGTH_BITS = 40, 32  # a location: file number, offset and length in one int
 
@@ -117,6 +119,27 @@ class ResultIndex:
         self._handles = []
 
 
+@runtime_checkable
+class Opens(Protocol):
+    """A plan whose rows begin with one structured call that may be all they need (the judge's).
+
+    The batch road makes such a row's first request, and reads its first result, from the
+    call's values, without running the row's work: its request is rendered from a form
+    learned from (and checked against) the very stack the work goes through (llm/requests.py),
+    and its result is read as the work would read it. Anything else goes the whole way.
+    """
+
+    llm: LLM
+
+    def opening(self, task: Task) -> Call | None:
+        """The row's first call, as its work makes it; None: the row fails before any call."""
+        ...
+
+    def answered(self, task: Task, reply: Reply[Any]) -> dict[str, Any] | None:
+        """The row's values when its first call's valid reply is all its work needs."""
+        ...
+
+
 class Pass:
     """One pass over the rows still to do: write those that are done, send the rest's calls."""
 
@@ -135,10 +158,15 @@ class Pass:
         self.mode = mode
         self.sent = 0  # requests written to shards
         self.written = 0  # rows written
+        self.rendered = self.read = 0  # first requests rendered, first results read, directly
         self.shards: list[Shard] = []
         self._writers: dict[str, ShardWriter] = {}
         self._carry: IO[bytes] | None = None
         self._carry_path = self.files / f"carry-{time.time_ns()}.jsonl"  # never the one read
+        opens = callable(getattr(plan, "opening", None)) and callable(
+            getattr(plan, "answered", None)
+        )
+        self.opens: Opens | None = plan if opens else None  # type: ignore[assignment]
 
     async def run(self, done: set[str]) -> None:
         """Go through every row not done, nor waiting on a request already out."""
@@ -158,7 +186,14 @@ class Pass:
         self._retire()
 
     async def _row(self, task: Task) -> None:
-        row = RowCalls(task.key, self.index.take(task.key) if task.key in self.index else {})
+        known = self.index.take(task.key) if task.key in self.index else {}
+        if self.opens is not None:
+            call = self.opens.opening(task)
+            if call is not None and self.opens.llm.learns(call):
+                await self.opens.llm.learn(call)
+            if call is not None and self._opened(self.opens, task, call, known):
+                return
+        row = RowCalls(task.key, known)
         with calls_of(row):
             try:
                 values = await self.runner.attempt(task, self.plan.work)
@@ -169,10 +204,40 @@ class Pass:
         self.out.pop(task.key, None)
         self.written += 1
 
+    def _opened(self, opens: Opens, task: Task, call: Call, known: dict[str, list[Known]]) -> bool:
+        """Do a row by its first call alone, as its work would: send the call's request when
+        the row has no result, or write the row from the result of that very request when it
+        is all the row needs. False: the row goes the whole way."""
+        request = opens.llm.request_of(call, body=not known)
+        if request is None:
+            return False
+        url, body, digest = request
+        if body is not None:  # no result yet: the work would stop at its first call, number 0
+            self._send(task.key, Deferred(0, digest, url, body))
+            self.rendered += 1
+            return True
+        results = known.get(digest, [])
+        if len(known) != 1 or len(results) != 1 or results[0].call != 0:
+            return False  # retries, samples, or a result asked with another body
+        reply = opens.llm.read_first(call, url, results[0].answer)
+        values = None if reply is None else opens.answered(task, reply)
+        if reply is None or values is None:
+            return False
+        opens.llm.booked(reply, results[0].fresh)
+        self.runner.settle(task, ok_row(values))
+        self.out.pop(task.key, None)
+        self.written += 1
+        self.read += 1
+        return True
+
     def _defer(self, key: str, row: RowCalls, waiting: Deferred) -> None:
         """Keep what the row went through; send its next call, unless it is out already."""
         for known in row.used:
             self._keep(known.line)
+        self._send(key, waiting)
+
+    def _send(self, key: str, waiting: Deferred) -> None:
+        """Write the request a row waits on into a shard, unless it is out already."""
         request = token(waiting.call, waiting.digest)
         if self.out.get(key) == request:
             return

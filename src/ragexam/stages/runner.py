@@ -272,7 +272,7 @@ class Runner:
             if exc.stops_stage:
                 raise  # every row would fail the same way: stop the stage
             return self._error_row(exc)
-        return {**values, "status": "ok", "error": None}
+        return ok_row(values)
 
     def _error_row(self, exc: RagexamError) -> dict[str, Any]:
         reason = self.redact(" ".join(str(exc).split()))
@@ -307,6 +307,11 @@ class Runner:
             if key not in self._started:
                 self.log.append(row)
         self._started.update(self._previous_errors)
+
+
+def ok_row(values: dict[str, Any]) -> dict[str, Any]:
+    """A row's values as an `ok` row's."""
+    return {**values, "status": "ok", "error": None}
 
 
 class Plan(Protocol):
