@@ -71,8 +71,14 @@ class RowEncoder:
 
     def row(self, row: Mapping[str, Any], columns: Sequence[str]) -> str:
         """The CSV line of a row's plain values, in these columns (a missing one is empty)."""
-        get = row.get
-        return self.line(["" if (v := get(c)) is None else format_cell(v) for c in columns])
+        get, first = row.get, _FIRST  # a plain text or empty cell needs no call: most of them
+        return self.line(
+            [
+                "" if (v := get(c)) is None else v if type(v) is str and v[:1] not in first
+                else format_cell(v)
+                for c in columns
+            ]
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -96,21 +96,30 @@ class ResultIndex:
         """A row's results by body digest, in the order asked, read from disk (and forgotten
         here); a request answered twice (a result file merged twice) counts once."""
         found = self._where.pop(key, None)
-        locations = [] if found is None else found if isinstance(found, list) else [found]
+        if found is None:
+            return {}
+        if not isinstance(found, list):  # one result: the common case, read and done
+            item = self._read(found)
+            return {} if item is None else {item[0]: [item[1]]}
         by_call: dict[tuple[int, str], Known] = {}
-        for location in locations:
-            number = location >> (_OFFSET_BITS + _LENGTH_BITS)
-            offset = (location >> _LENGTH_BITS) & ((1 << _OFFSET_BITS) - 1)
-            line = os.pread(self._handles[number], location & ((1 << _LENGTH_BITS) - 1), offset)
-            answer = parse_answer(line)
-            parsed = parse_custom_id(answer.custom_id) if answer else None
-            if answer is not None and parsed is not None:
-                fresh = self.files[number][1]
-                by_call.setdefault(parsed[1:3], Known(answer, parsed[1], fresh, line))
+        for location in found:
+            if (item := self._read(location)) is not None:
+                by_call.setdefault((item[1].call, item[0]), item[1])
         known: dict[str, list[Known]] = {}
-        for (_, digest), item in sorted(by_call.items()):
-            known.setdefault(digest, []).append(item)
+        for (_, digest), result in sorted(by_call.items()):
+            known.setdefault(digest, []).append(result)
         return known
+
+    def _read(self, location: int) -> tuple[str, Known] | None:
+        """(the digest it was asked with, the result) of the line at a location."""
+        number = location >> (_OFFSET_BITS + _LENGTH_BITS)
+        offset = (location >> _LENGTH_BITS) & ((1 << _OFFSET_BITS) - 1)
+        line = os.pread(self._handles[number], location & ((1 << _LENGTH_BITS) - 1), offset)
+        answer = parse_answer(line)
+        parsed = parse_custom_id(answer.custom_id) if answer else None
+        if answer is None or parsed is None:
+            return None
+        return parsed[2], Known(answer, parsed[1], self.files[number][1], line)
 
     def close(self) -> None:
         """Close the files."""
