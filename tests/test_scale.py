@@ -22,7 +22,7 @@ from support import exam, read_csv, run_cli
 
 from ragexam.config import load_settings
 from ragexam.errors import InputFileError, LLMError
-from ragexam.io.csvfile import _checked_file, _valid_table, read_columns, read_rows
+from ragexam.io.csvfile import _checked_file, _valid_columns, read_columns, read_rows
 from ragexam.io.rowlog import RowLog
 from ragexam.llm.client import LLM
 from ragexam.stages.judge import JUDGE_COLUMNS
@@ -258,7 +258,7 @@ def test_a_valid_file_reads_the_same_in_one_pass_as_record_by_record(tmp_path: P
     path = tmp_path / "x.csv"
     path.write_bytes(data)
     args = (("qa_id",), "qa_id", ("question",))
-    assert _valid_table(data, *args) is not None  # read in one pass
+    assert _valid_columns(data, *args) is not None  # read in one pass
     fast = read_rows(path, *args)
     assert fast == _checked_file(path, data, *args)
     assert [row["question"] for row in fast] == ["=1+1", "plain", "q, quoted", "", "@x"]
@@ -272,10 +272,19 @@ def test_a_valid_file_reads_the_same_in_one_pass_as_record_by_record(tmp_path: P
         "status": ["ok", "error", "ok", "error", "ok"],
     }
     # any doubt goes to the careful reading, which names the line
-    assert _valid_table(data.replace(b"b,plain", b"a,plain"), ("qa_id",), "qa_id", ()) is None
-    assert _valid_table(data + b"f,x\n", ("qa_id",), None, ()) is None  # too few fields
-    assert _valid_table(data + b"f,\xff,x,ok\n", ("qa_id",), None, ()) is None  # not UTF-8
-    assert _valid_table(data + b"f, ,x,ok\n", ("qa_id",), None, ("question",)) is None  # empty
+    assert _valid_columns(data.replace(b"b,plain", b"a,plain"), ("qa_id",), "qa_id", ()) is None
+    assert _valid_columns(data + b"f,x\n", ("qa_id",), None, ()) is None  # too few fields
+    assert _valid_columns(data + b"f,\xff,x,ok\n", ("qa_id",), None, ()) is None  # not UTF-8
+    assert _valid_columns(data + b"f, ,x,ok\n", ("qa_id",), None, ("question",)) is None  # empty
+    # Asked for some columns, the one pass keeps only those (and status), with the same cells;
+    # a doubt still goes to the careful reading, which keeps the same columns or names the line.
+    kept = read_columns(path, *args, optional=("absent",))
+    assert {name: list(cells) for name, cells in kept.items()} == {
+        name: list(cells) for name, cells in columns.items() if name != "answer"
+    }
+    (tmp_path / "z.csv").write_bytes(data + b"f,x\n")
+    with pytest.raises(InputFileError, match="line 9"):
+        read_columns(tmp_path / "z.csv", *args, optional=())
 
 
 @pytest.mark.parametrize(
@@ -304,7 +313,7 @@ def test_a_file_the_one_pass_doubts_reads_the_same_as_columns(tmp_path: Path) ->
     path = tmp_path / "x.csv"
     path.write_text("qa_id,question,status,\na,Q?,ok,\nb,R?,error,\n", encoding="utf-8")
     data = path.read_bytes()
-    assert _valid_table(data, ("qa_id",), "qa_id", ()) is None  # a column without a name
+    assert _valid_columns(data, ("qa_id",), "qa_id", ()) is None  # a column without a name
     assert read_rows(path, ("qa_id",), "qa_id") == [
         {"qa_id": "a", "question": "Q?", "status": "ok"},
         {"qa_id": "b", "question": "R?", "status": "error"},

@@ -92,10 +92,11 @@ def read_exams(
         ("qa_id", "question", "ground_truth_answer"),
         key="qa_id",
         filled=("question", "ground_truth_answer"),
+        optional=("document", "kind", "key_points"),
     )
     points = merged_key_points(qa, written_key_points(key_points) if key_points else {})
     wanted = ("qa_id", "answer", "status", *(("retrieved_texts",) if context else ()))
-    answers = read_columns(answers_path, wanted, key="qa_id")
+    answers = read_columns(answers_path, wanted, key="qa_id", optional=())
     ok = [i for i, status in enumerate(answers["status"]) if status == "ok"]
     ids, replies = [answers["qa_id"][i] for i in ok], [answers["answer"][i] for i in ok]
     exams = _joined(qa, points, ids, replies)

@@ -172,10 +172,7 @@ class Pass:
         self._writers: dict[str, ShardWriter] = {}
         self._carry: IO[bytes] | None = None
         self._carry_path = self.files / f"carry-{time.time_ns()}.jsonl"  # never the one read
-        opens = callable(getattr(plan, "opening", None)) and callable(
-            getattr(plan, "answered", None)
-        )
-        self.opens: Opens | None = plan if opens else None  # type: ignore[assignment]
+        self.opens = plan if isinstance(plan, Opens) else None
 
     async def run(self, done: set[str]) -> None:
         """Go through every row not done, nor waiting on a request already out."""
