@@ -230,3 +230,20 @@ def test_harder_questions_are_refused_on_the_batch_road_before_any_call(
         assert result.exit_code == 2, result.output
         assert "sync road" in " ".join(result.output.split())
     assert env.count() == 0 and not (tmp_path / "run" / "qa_dataset.csv").exists()
+
+
+def test_a_result_file_that_begins_with_a_byte_order_mark_is_merged_whole(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # A tool on Windows may write its output as "UTF-8 with BOM": the first line is read too.
+    exam(tmp_path / "run", N)
+    env.responder = lambda body: grade(body, number(body, "Question") / 20)
+    assert judge().exit_code == WAITING
+    assert run_batch_files(env, tmp_path / "files") == N
+    (result,) = (tmp_path / "files" / "results").glob("*.jsonl")
+    result.write_bytes(b"\xef\xbb\xbf" + result.read_bytes())
+    done = judge()
+    assert done.exit_code == 0, done.output
+    assert {k: float(v["completeness"]) for k, v in judged(tmp_path).items()} == {
+        f"q{i}": i / 20 for i in range(N)
+    }

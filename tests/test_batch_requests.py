@@ -14,7 +14,9 @@ from openai_server import FakeOpenAI
 from support import build_store, read_csv, run_cli, write_dict_rows
 from world import World
 
+from ragexam.llm.deferred import plain_completion
 from ragexam.llm.endpoint import SystemCheck
+from ragexam.llm.prompts import prompts_dir
 
 # Texts that JSON, CSV and the prompts' delimiters must each carry unchanged.
 AWKWARD = [
@@ -137,6 +139,8 @@ def test_judge_bodies_and_rows_are_the_same_on_both_roads(
     assert batch_rows == sync_rows
     assert all(row["status"] == "ok" for row in batch_rows)
     assert direct(tmp_path / "batch") == directly(len(AWKWARD), method, system)
+    # a batch line's time is the batch's: a row says 0, whichever way it was read
+    assert {row["latency_s"] for row in read_csv(tmp_path / "batch" / "judgments.csv")} == {"0.0"}
 
 
 def directly(rows: int, method: str = "json_schema", system: str = "system") -> tuple[int, int]:
@@ -225,3 +229,65 @@ def test_answer_and_generate_bodies_match_too(roads: FakeOpenAI, tmp_path: Path)
     assert len(found["sync"]["generate"]) == 2 * len(AWKWARD)  # a question, then its critic
     assert len(found["sync"]["answer"]) == len(AWKWARD)
     assert found["batch"] == found["sync"]
+
+
+def test_a_prompt_that_formats_a_value_is_sent_the_whole_way_on_both_roads(
+    roads: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A prompt of one's own may cut a value ({answer:.12}): no form renders that, so every
+    # request is made by the stack itself, and the bodies still match the sync road's.
+    edited = tmp_path / "prompts"
+    shutil.copytree(prompts_dir(), edited)
+    judge = edited / "judge.toml"
+    assert "{answer}" in judge.read_text()
+    judge.write_text(judge.read_text().replace("{answer}", "{answer:.12}"))
+    monkeypatch.setenv("RAGEXAM_PROMPTS_DIR", str(edited))
+    sync_bodies, sync_rows = judge_on("sync", roads, tmp_path)
+    batch_bodies, batch_rows = judge_on("batch", roads, tmp_path)
+    assert batch_bodies == sync_bodies and batch_rows == sync_rows
+    assert all(b"Answer: " in body and b"Answer: {brac" not in body for body in batch_bodies)
+    assert direct(tmp_path / "batch") == (0, 0)
+
+
+GOOD = {
+    "choices": [
+        {"message": {"role": "assistant", "content": "{}"}, "finish_reason": "stop"},
+    ],
+    "usage": {"prompt_tokens": 7, "completion_tokens": 3, "prompt_tokens_details": None},
+}
+
+
+def changed(path: str, value: Any) -> dict[str, Any]:
+    """GOOD with one field (a dotted path; None: removed) changed."""
+    body = json.loads(json.dumps(GOOD))
+    *parents, last = path.split(".")
+    node = body
+    for part in parents:
+        node = node[int(part)] if part.isdigit() else node[part]
+    if value is None:
+        del node[last]
+    else:
+        node[last] = value
+    return body
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        changed("choices.0.message.role", None),  # langchain-openai's message fails on these
+        changed("choices.0.message.role", "user"),
+        changed("choices.0.message.name", 3),
+        changed("choices.0.message.id", ["x"]),
+        changed("usage.prompt_tokens_details", "cached"),
+        {**GOOD, "choices": [*GOOD["choices"], {"message": "broken"}]},  # a second choice
+        changed("choices.0.message.tool_calls", [{"id": "t", "function": {}}]),
+        changed("choices.0.finish_reason", "length"),
+        changed("choices.0.message.content", None),
+        changed("usage.prompt_tokens", None),
+        {**GOOD, "error": {"message": "overloaded"}},
+    ],
+)
+def test_a_result_read_directly_is_one_the_whole_way_reads_without_fail(body: Any) -> None:
+    # Anything else is left to the whole way, to meet there what the sync road meets.
+    assert plain_completion(GOOD) == ("{}", 7, 3)
+    assert plain_completion(body) is None

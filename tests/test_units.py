@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 import httpx2
@@ -10,7 +12,7 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_core.prompts import ChatPromptTemplate
 
-from ragexam.errors import OutputError
+from ragexam.errors import OutputError, OutputFileError
 from ragexam.io.csvfile import escape_cell, unescape_cell
 from ragexam.io.rowlog import RowLog
 from ragexam.llm.failures import retry_after
@@ -131,6 +133,30 @@ def test_retry_after_reads_seconds_and_milliseconds_and_caps_them() -> None:
 def test_formula_escape_is_reversible(cell: str, escaped: str) -> None:
     assert escape_cell(cell) == escaped
     assert unescape_cell(escaped) == cell
+
+
+def test_a_row_the_disk_fills_under_is_cut_back_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A write may land in part and the next part fail (ENOSPC): what the row wrote goes,
+    # the rows before it stay.
+    log = RowLog(tmp_path / "rows.csv", ["key", "text"])
+    log.append({"key": "a", "text": "kept"})
+    real, calls = os.write, []
+
+    def short_then_full(fd: int, data: bytes) -> int:
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real(fd, bytes(data[:5]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", short_then_full)
+    with pytest.raises(OutputFileError, match=r"no space left on .* every finished row is kept"):
+        log.append({"key": "b", "text": "x" * 100})
+    monkeypatch.undo()
+    log.close()
+    assert calls[0] > calls[1] > 0  # the rest of the row was tried, after its first part
+    assert (tmp_path / "rows.csv").read_text() == "key,text\na,kept\n"
 
 
 def test_a_torn_tail_is_cut_at_every_byte(tmp_path: Path) -> None:

@@ -219,6 +219,8 @@ def _valid_columns(
             return None
         where = {name: at for at, name in enumerate(header)}  # a repeated name: its last
         kept = [name for name in where if _kept(name, (*required, *filled), optional)]
+        if not kept:
+            return None  # nothing to keep: the careful reading says what the file holds
         pick = itemgetter(*(where[name] for name in kept))
         width, rows = len(header), []
         for record in reader:

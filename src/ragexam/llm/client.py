@@ -252,13 +252,16 @@ class LLM:
     async def learn(self, call: Call) -> None:
         """Learn the form of the call's first request now, from the stack itself."""
         method, schema, prompt = self.choice.method, call.schema, call.prompt
+        key = self._form_key(call)  # as it is now, whatever happens while the form is learned
+        if not prompt.plain:  # a field with a format spec ({answer:.100}) is not a gap
+            self._forms[key] = None
+            return
 
         def make(values: Mapping[str, str]) -> list[BaseMessage]:
             return self._sent(Call(prompt, values, schema).messages(), schema, method)
 
         runnable = self._structured_runnable(schema, method)
-        form = await self.requests.learn(runnable, make, prompt.fill, prompt.variables)
-        self._forms[self._form_key(call)] = form
+        self._forms[key] = await self.requests.learn(runnable, make, prompt.fill, prompt.variables)
 
     def _form_key(self, call: Call) -> tuple[Any, ...]:
         """What a call's first request depends on beside its values."""
@@ -400,7 +403,9 @@ class LLM:
                     written = int(usage["output_tokens"]) if usage else 0
                     self.clock.succeeded(written, time.monotonic() - sent)
                 self._count(raw, row)
-                latency, tokens = time.monotonic() - row.started, row.tokens
+                # a batch line's time is the batch's: its row says 0, as read_first does
+                latency = time.monotonic() - row.started if batch is None else 0.0
+                tokens = row.tokens
                 return Reply(value, tokens[0], tokens[1], row.calls, latency, content_of(raw))
             finally:
                 if batch is None:

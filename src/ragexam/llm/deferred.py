@@ -195,27 +195,37 @@ def completion_message(chat: ChatOpenAI, body: dict[str, Any]) -> AIMessage:
 
 
 def plain_completion(body: dict[str, Any]) -> tuple[str, int, int] | None:
-    """(text, prompt tokens, completion tokens) of a completion that holds text and usage and
-    nothing else to read (no tool call, not cut off, not refused); else None."""
+    """(text, prompt tokens, completion tokens) of a completion that holds one assistant text
+    and its usage and nothing else to read (no tool call, not cut off, not refused), in the
+    shape langchain-openai reads without fail; else None: the whole way reads it, and meets
+    whatever it meets."""
+    choices, usage = body.get("choices"), body.get("usage")
+    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(usage, dict):
+        return None
     try:
         choice = choice_of(body)
     except InvalidReply:
         return None
-    message, usage = choice["message"], body.get("usage")
+    message = choice["message"]
     content = message.get("content")
     if (
         not isinstance(content, str)
+        or message.get("role") != "assistant"
+        or not all(isinstance(message.get(name), str | None) for name in ("name", "id"))
         or message.get("tool_calls")
         or message.get("function_call")
         or choice.get("finish_reason") in ("length", "content_filter")
-        or not isinstance(usage, dict)
         or body.get("error")  # langchain-openai raises it, whatever the choices say
+        or not all(isinstance(usage.get(name) or {}, dict) for name in _DETAILS)
     ):
         return None
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     if type(prompt) is not int or type(completion) is not int:
         return None
     return content, prompt, completion
+
+
+_DETAILS = ("prompt_tokens_details", "completion_tokens_details")  # read as mappings
 
 
 def is_chat(url: str) -> bool:

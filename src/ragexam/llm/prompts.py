@@ -66,6 +66,11 @@ class PlainTemplate(ChatPromptTemplate):
         if not self.partial_variables and all(part is not None for part in parts):
             self._parts = [part for part in parts if part is not None]
 
+    @property
+    def plain(self) -> bool:
+        """Whether every message is plain `{name}` text: each value goes in as it is."""
+        return self._parts is not None
+
     def format_messages(self, **kwargs: Any) -> list[BaseMessage]:
         """The messages, with these values in."""
         if self._parts is None:
@@ -101,9 +106,16 @@ class Prompt:
         self.name = spec.name
         self.variables = tuple(spec.variables)
         self.hash = digest
-        self.template = PlainTemplate.from_messages(
+        template = PlainTemplate.from_messages(
             [("system", spec.system.strip()), ("human", spec.user.strip())]
         )
+        assert isinstance(template, PlainTemplate)  # from_messages makes its own class
+        self.template = template
+
+    @property
+    def plain(self) -> bool:
+        """Whether each value goes into the messages as it is (no format spec, no conversion)."""
+        return self.template.plain
 
     def fill(self, **values: str) -> dict[str, str]:
         """The template's inputs, with data delimiters inside values neutralised."""

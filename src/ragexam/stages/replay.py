@@ -219,8 +219,7 @@ class Pass:
             return False
         url, body, digest = request
         if body is not None:  # no result yet: the work would stop at its first call, number 0
-            self._send(task.key, Deferred(0, digest, url, body))
-            self.rendered += 1
+            self.rendered += self._send(task.key, Deferred(0, digest, url, body))
             return True
         results = known.get(digest, [])
         if len(known) != 1 or len(results) != 1 or results[0].call != 0:
@@ -242,16 +241,17 @@ class Pass:
             self._keep(known.line)
         self._send(key, waiting)
 
-    def _send(self, key: str, waiting: Deferred) -> None:
+    def _send(self, key: str, waiting: Deferred) -> bool:
         """Write the request a row waits on into a shard, unless it is out already."""
         request = token(waiting.call, waiting.digest)
         if self.out.get(key) == request:
-            return
+            return False
         identifier = custom_id(self.ledger.tag, waiting.call, waiting.digest, key)
         line = request_line(identifier, waiting.url, waiting.body)
         self._writer(waiting.url).write(identifier, line)
         self.out[key] = request
         self.sent += 1
+        return True
 
     def _writer(self, url: str) -> ShardWriter:
         writer = self._writers.get(url)
