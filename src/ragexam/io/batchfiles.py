@@ -187,7 +187,8 @@ def _find_custom_id(line: bytes) -> str | None:
 def parse_answer(line: bytes) -> Answer | None:
     """A result line, in either shape, as an Answer; None for a line that is not one."""
     try:
-        data = json.loads(line.decode("utf-8-sig"))  # the format's; a bad byte: not a line
+        # UTF-8, the format's (a bad byte: not a line), its file perhaps begun with a BOM
+        data = json.loads(line.decode().removeprefix("\ufeff"))
     except ValueError:
         return None
     if not isinstance(data, dict) or not isinstance(data.get("custom_id"), str):

@@ -207,25 +207,25 @@ def plain_completion(body: dict[str, Any]) -> tuple[str, int, int] | None:
     except InvalidReply:
         return None
     message = choice["message"]
-    content = message.get("content")
+    content, name, known = message.get("content"), message.get("name"), message.get("id")
+    asked, written = usage.get("prompt_tokens_details"), usage.get("completion_tokens_details")
     if (
         not isinstance(content, str)
         or message.get("role") != "assistant"
-        or not all(isinstance(message.get(name), str | None) for name in ("name", "id"))
+        or not (name is None or isinstance(name, str))
+        or not (known is None or isinstance(known, str))
         or message.get("tool_calls")
         or message.get("function_call")
         or choice.get("finish_reason") in ("length", "content_filter")
         or body.get("error")  # langchain-openai raises it, whatever the choices say
-        or not all(isinstance(usage.get(name) or {}, dict) for name in _DETAILS)
+        or not (not asked or isinstance(asked, dict))  # read as mappings
+        or not (not written or isinstance(written, dict))
     ):
         return None
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     if type(prompt) is not int or type(completion) is not int:
         return None
     return content, prompt, completion
-
-
-_DETAILS = ("prompt_tokens_details", "completion_tokens_details")  # read as mappings
 
 
 def is_chat(url: str) -> bool:
