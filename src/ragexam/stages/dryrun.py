@@ -21,7 +21,7 @@ from ragexam.analysis.controls import build_controls
 from ragexam.analysis.keypoints import dump
 from ragexam.config import AnswerContext, Scale, Settings
 from ragexam.io.cells import SINGLE
-from ragexam.io.csvfile import read_rows
+from ragexam.io.csvfile import read_columns, read_rows
 from ragexam.io.fingerprint import stale_rows
 from ragexam.io.runfolder import CONTROL_RUNS, RunFolder
 from ragexam.llm.pacing import estimate_tokens, text_tokens
@@ -104,11 +104,23 @@ def done_rows(
         return set(), None
     rows = [
         row
-        for row in read_rows(path, [key, "status"])
-        if row["status"] == "ok"
-        and (row.get("model"), row.get("prompt_hash")) == (model, prompt_hash)
+        for row in _ok_rows(path, key)
+        if (row.get("model"), row.get("prompt_hash")) == (model, prompt_hash)
     ]
     return _done(rows, key)
+
+
+def _ok_rows(path: Path, key: str, fixed: Iterable[str] = ()) -> list[dict[str, str]]:
+    """An output's `ok` rows, holding only the cells an estimate reads: their fingerprint and
+    cost (a million rows' answers and reasonings are never held)."""
+    read = ("model", "prompt_hash", "attempts", "completion_tokens", *fixed)
+    columns = read_columns(path, [key, "status"], optional=read)
+    names, found = list(columns), []
+    for cells in zip(*columns.values(), strict=True):
+        row = dict(zip(names, cells, strict=True))
+        if row["status"] == "ok":
+            found.append(row)
+    return found
 
 
 def _done(rows: list[dict[str, str]], key: str) -> tuple[set[str], float | None]:
@@ -270,7 +282,7 @@ def graded_rows(
     if not path.exists():
         return set(), None
     stage = plan.stage(name, path, key, ())
-    ok = {row[key]: row for row in read_rows(path, [key, "status"]) if row["status"] == "ok"}
+    ok = {row[key]: row for row in _ok_rows(path, key, stage.fixed)}
     stale = set(stale_rows(stage, ok, force))
     return _done([row for done, row in ok.items() if done not in stale], key)
 
