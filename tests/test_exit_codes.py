@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from openai_server import FakeOpenAI
@@ -76,10 +77,16 @@ def test_an_unreachable_endpoint_stops_the_stage_with_exit_4(
     assert len(read_csv(output) if output.exists() else []) < 20  # not 300 error rows
 
 
-@pytest.mark.slow
-def test_sigterm_is_an_interrupt_that_keeps_every_finished_row(
-    env: FakeOpenAI, tmp_path: Path
-) -> None:
+def ignore_sigint() -> None:
+    """What a non-interactive shell does to a job it starts with `&`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def generating(
+    env: FakeOpenAI, tmp_path: Path, lines: int, **popen: Any
+) -> tuple[subprocess.Popen[str], Path, list[str]]:
+    """`ragexam generate` over 120 slow chunks in a child process, once its output holds
+    `lines` lines (or a minute has gone): the child, its output file, and its arguments."""
     store = build_store(tmp_path / "store", docs(120))
     env.latency = 0.1
     args = ["generate", "--chroma", str(store), "--out", "run", "--concurrency", "4"]
@@ -88,11 +95,20 @@ def test_sigterm_is_an_interrupt_that_keeps_every_finished_row(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        **popen,
     )
     output = tmp_path / "run" / "qa_dataset.csv"
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and _lines(output) < 21:
+    while time.monotonic() < deadline and _lines(output) < lines:
         time.sleep(0.02)
+    return process, output, args
+
+
+@pytest.mark.slow
+def test_sigterm_is_an_interrupt_that_keeps_every_finished_row(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    process, output, args = generating(env, tmp_path, 21)
     os.kill(process.pid, signal.SIGTERM)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
@@ -120,20 +136,7 @@ def test_a_run_a_script_started_in_the_background_ends_on_kill_and_on_ctrl_c(
     env: FakeOpenAI, tmp_path: Path, sent: signal.Signals
 ) -> None:
     # A non-interactive shell starts `ragexam ... &` with SIGINT ignored; so does this.
-    store = build_store(tmp_path / "store", docs(120))
-    env.latency = 0.1
-    args = ["generate", "--chroma", str(store), "--out", "run", "--concurrency", "4"]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "ragexam.cli", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
-    )
-    output = tmp_path / "run" / "qa_dataset.csv"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and _lines(output) < 11:
-        time.sleep(0.02)
+    process, output, args = generating(env, tmp_path, 11, preexec_fn=ignore_sigint)
     os.kill(process.pid, sent)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
