@@ -387,6 +387,23 @@ def _lines(path: Path) -> int:
         return 0
 
 
+def exam_row(
+    qa_id: str, document: str, kind: str, chunks: list[str], question: str
+) -> dict[str, str]:
+    """A qa_dataset.csv row of a question of a kind, made from these chunks (none: unanswerable)."""
+    return {
+        "qa_id": qa_id,
+        "chunk_id": chunks[0] if chunks else "",
+        "kind": kind,
+        "chunk_ids": json.dumps(chunks),
+        "document": document,
+        "question": question,
+        "ground_truth_answer": "T",
+        "status": "ok",
+        "error": "",
+    }
+
+
 def marked_exam(run: Path, rows: list[dict[str, Any]]) -> Path:
     """qa_dataset.csv (with a key_points column when a row has some) and answers.csv, from
     rows of qa_id, document, question, truth, answer and, optionally, key_points (a list)."""

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from support import run_cli, write_dict_rows
+from support import exam_row, run_cli, write_dict_rows
 
 from ragexam.io.csvfile import read_rows
 
@@ -40,19 +40,7 @@ def write_run(folder: Path, changed: dict[str, float] | None = None) -> Path:
         verdicts,
         said,
     ) in QUESTIONS.items():
-        qa.append(
-            {
-                "qa_id": qa_id,
-                "chunk_id": chunks[0] if chunks else "",
-                "kind": kind,
-                "chunk_ids": json.dumps(chunks),
-                "document": document,
-                "question": f"Q {qa_id}?",
-                "ground_truth_answer": "T",
-                "status": "ok",
-                "error": "",
-            }
-        )
+        qa.append(exam_row(qa_id, document, kind, chunks, f"Q {qa_id}?"))
         found = [rank for rank in ranks if rank is not None]
         retrieved = json.dumps([f"x{i}" for i in range(5)])
         answers.append(

@@ -12,7 +12,7 @@ from pathlib import Path
 import ir_measures
 import pytest
 from ir_measures import AP, RR, R, Success, nDCG
-from support import make_store, ranked_questions, read_csv, run_cli, write_dict_rows
+from support import exam_row, make_store, ranked_questions, read_csv, run_cli, write_dict_rows
 
 from ragexam.analysis.questions import load_questions
 from ragexam.analysis.ranking import COLUMNS
@@ -103,19 +103,7 @@ def random_run(folder: Path, rng: random.Random, questions: int) -> dict[str, di
             else:
                 ranks.append(None)
         kind = "unanswerable" if unanswerable else "single" if len(chunks) == 1 else "multi-hop"
-        qa.append(
-            {
-                "qa_id": qa_id,
-                "chunk_id": chunks[0] if chunks else "",
-                "kind": kind,
-                "chunk_ids": json.dumps(chunks),
-                "document": document,
-                "question": f"Q{number}?",
-                "ground_truth_answer": "T",
-                "status": "ok",
-                "error": "",
-            }
-        )
+        qa.append(exam_row(qa_id, document, kind, chunks, f"Q{number}?"))
         failed = rng.random() < 0.05
         found = [rank for rank in ranks if rank is not None]
         answers.append(
