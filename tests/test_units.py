@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 from pathlib import Path
 
 import httpx2
@@ -13,6 +14,8 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_core.prompts import ChatPromptTemplate
 
 from ragexam.errors import OutputError, OutputFileError
+from ragexam.io import batchfiles, rowlog
+from ragexam.io.batchfiles import Spans
 from ragexam.io.csvfile import escape_cell, unescape_cell
 from ragexam.io.rowlog import RowLog
 from ragexam.llm.failures import retry_after
@@ -157,6 +160,65 @@ def test_a_row_the_disk_fills_under_is_cut_back_whole(
     log.close()
     assert calls[0] > calls[1] > 0  # the rest of the row was tried, after its first part
     assert (tmp_path / "rows.csv").read_text() == "key,text\na,kept\n"
+
+
+def test_held_rows_are_written_together_and_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The batch road holds rows and writes them in one go: none on disk before a flush (a
+    # kill loses them, the road merges them again), all of them after, or none if it fails.
+    path = tmp_path / "rows.csv"
+    log = RowLog(path, ["key", "text"])
+    log.append({"key": "a", "text": "written at once"})
+    log.hold()
+    for key in "bcd":
+        log.append({"key": key, "text": "held"})
+    assert path.read_text() == "key,text\na,written at once\n"
+    log.flush(durable=True)
+    assert path.read_text().splitlines()[1:] == ["a,written at once", *(f"{k},held" for k in "bcd")]
+    writes: list[int] = []
+    real = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: writes.append(len(data)) or real(fd, data))
+    line = len(b"e,x\n")
+    for _ in range(rowlog.HELD_BYTES // line + 1):  # past the bound: written without a flush
+        log.append({"key": "e", "text": "x"})
+    assert len(writes) == 1 and writes[0] >= rowlog.HELD_BYTES
+    log.append({"key": "f", "text": "in the end"})
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    before = path.read_bytes()
+    log.append({"key": "g", "text": "held too"})
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(OutputFileError, match="no space left on"):
+        log.close()
+    assert path.read_bytes() == before  # neither f nor g: never one of the rows held in part
+    log.close()  # closed, nothing held: nothing left to write
+
+
+def test_result_lines_are_read_through_a_window_in_order_and_alone_out_of_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "results.jsonl"
+    lines = [f'{{"custom_id": "{n}", "pad": "{"x" * (n % 700)}"}}\n'.encode() for n in range(6000)]
+    path.write_bytes(b"".join(lines))
+    spans, at = [], 0
+    for line in lines:
+        spans.append((at, len(line)))
+        at += len(line)
+    reads: list[int] = []
+    real = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, n, offset: reads.append(n) or real(fd, n, offset))
+    window = Spans(path)
+    assert [window.read(*span) for span in spans] == lines  # in order: a few reads
+    assert len(reads) < 30 and max(reads) <= batchfiles.WINDOW
+    order = random.Random(7).sample(range(len(lines)), len(lines))
+    reads.clear()
+    assert [window.read(*spans[n]) for n in order] == [lines[n] for n in order]
+    assert sum(reads) < 2 * at  # out of order: about one read a line, of that line
+    assert window.read(at - 3, 10) == lines[-1][-3:]  # past the end: what there is
+    window.close()
 
 
 def test_a_torn_tail_is_cut_at_every_byte(tmp_path: Path) -> None:

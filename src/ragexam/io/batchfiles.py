@@ -29,6 +29,7 @@ from ragexam.io.atomic import write_error
 MAX_LINES = 50_000  # OpenAI's limits per batch input file
 MAX_BYTES = 200 * 1024 * 1024
 BUFFER = 1 << 20
+WINDOW = 1 << 20  # the most a result file is read at once (Spans)
 UNRUN = 0  # the status of a line that never ran (expired, cancelled, a batch that failed)
 _CUSTOM_ID = b'"custom_id"'
 
@@ -155,6 +156,32 @@ class Answer:
     status: int
     body: Any
     reason: str = ""
+
+
+class Spans:
+    """Spans of one file, read through a window that doubles (to WINDOW) while the spans come
+    in order, as a result file's lines mostly do: one read for up to a thousand lines, not one
+    each. Spans out of order shrink it back to one read a span."""
+
+    def __init__(self, path: Path) -> None:
+        self._fd = os.open(path, os.O_RDONLY)
+        self._data, self._start, self._size, self._used = b"", 0, 0, False
+
+    def read(self, offset: int, length: int) -> bytes:
+        """The bytes of a span (fewer at the end of the file)."""
+        at = offset - self._start
+        if at >= 0 and at + length <= len(self._data):
+            self._used = True
+            return self._data[at : at + length]
+        onward = self._used or at == len(self._data)  # the window served, or ends right here
+        self._size = min(max(self._size * 2, 1 << 12), WINDOW) if onward else self._size // 4
+        self._data = os.pread(self._fd, max(length, self._size), offset)
+        self._start, self._used = offset, False
+        return self._data[:length]
+
+    def close(self) -> None:
+        """Close the file."""
+        os.close(self._fd)
 
 
 def scan_results(path: Path) -> Iterator[tuple[str, int, int]]:

@@ -13,6 +13,8 @@ from ragexam.errors import OutputFileError
 from ragexam.io.atomic import atomic_file, write_error
 from ragexam.io.csvfile import Record, RowEncoder, counted, encode_row, records_in, unescape_cell
 
+HELD_BYTES = 1 << 18  # rows held (RowLog.hold) are written at the latest at this size
+
 
 class RowLog:
     """An append-only CSV of result rows that survives being killed at any byte."""
@@ -24,6 +26,8 @@ class RowLog:
         self._fd: int | None = None
         self._spans: array[int] | None = None  # start and end of each row the last load read
         self._encoder = RowEncoder()
+        self._held: list[bytes] | None = None  # rows not yet written, while rows are held
+        self._held_bytes = 0
 
     @property
     def bad_rows_path(self) -> Path:
@@ -152,11 +156,42 @@ class RowLog:
                 handle.write(self._line(row))
 
     def append(self, row: Mapping[str, Any]) -> None:
-        """Write one row straight to the OS, so a killed process keeps it.
+        """Write one row straight to the OS, so a killed process keeps it (while rows are
+        held, `flush` writes it).
 
         A write that fails (disk full) is cut back to the end of the last whole row, and
         raises OutputFileError: the file never keeps half a row.
         """
+        data = self._line(row).encode("utf-8")
+        if self._held is None:
+            self._write(data)
+            return
+        self._held.append(data)
+        self._held_bytes += len(data)
+        if self._held_bytes >= HELD_BYTES:
+            self.flush()
+
+    def hold(self) -> None:
+        """Keep rows in memory until `flush`, or HELD_BYTES of them: one write for thousands
+        of rows, for a caller that can make again any row a kill loses (the batch road, whose
+        results stay on disk until it records them merged, after a durable flush)."""
+        if self._held is None:
+            self._held, self._held_bytes = [], 0
+
+    def flush(self, durable: bool = False) -> None:
+        """Write the rows held (and with `durable`, make sure they are on disk)."""
+        if self._held:
+            data = b"".join(self._held)
+            self._held, self._held_bytes = [], 0
+            self._write(data)
+        if durable and self._fd is not None:
+            try:
+                os.fsync(self._fd)
+            except OSError as exc:
+                raise write_error(self.path, exc) from None
+
+    def _write(self, data: bytes) -> None:
+        """Write whole rows at the end of the file, or none of them."""
         if self._fd is None:
             if not self.path.exists() or self.path.stat().st_size == 0:
                 self.rewrite([])
@@ -164,11 +199,11 @@ class RowLog:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
             except OSError as exc:  # a file made read-only, in a folder that is not
                 raise write_error(self.path, exc) from None
-        data, written = memoryview(self._line(row).encode("utf-8")), 0
+        view, written = memoryview(data), 0
         try:
-            while written < len(data):
-                written += os.write(self._fd, data[written:])
-        except OSError as exc:  # cut back what this row wrote; shrinking needs no room
+            while written < len(view):
+                written += os.write(self._fd, view[written:])
+        except OSError as exc:  # cut back what these rows wrote; shrinking needs no room
             os.ftruncate(self._fd, os.fstat(self._fd).st_size - written)
             advice = "; make room and rerun the same command, every finished row is kept"
             raise write_error(self.path, exc, advice) from None
@@ -178,9 +213,13 @@ class RowLog:
 
     def close(self) -> None:
         """Flush to disk and close."""
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        try:
+            self.flush()
+        finally:
+            self._held = None
+            if self._fd is not None:
+                fd, self._fd = self._fd, None
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)

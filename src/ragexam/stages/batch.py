@@ -85,6 +85,7 @@ class BatchRoad:
         self.kind = "dir" if mode.folder is not None else "api"
         self._check_elsewhere()
         self.out: dict[str, int] = outstanding(self.ledger)
+        runner.log.hold()  # a row lost to a kill is merged again: its results stay till then
         self.rounds = self.sent = self.merged = self.batches = 0
         self.direct = [0, 0]  # first requests rendered, and first results read, directly
         self.shards: list[str] = []  # written this run

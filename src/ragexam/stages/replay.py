@@ -26,6 +26,7 @@ from typing import IO, Any, Protocol, runtime_checkable
 from ragexam.io.batchfiles import (
     Shard,
     ShardWriter,
+    Spans,
     custom_id,
     parse_answer,
     parse_custom_id,
@@ -65,9 +66,9 @@ class ResultIndex:
         self.files = files  # (path, fresh): fresh files are new to this run, carried ones not
         self.fresh = 0  # lines of fresh files indexed: results new to this run
         self._where: dict[str, int | list[int]] = {}
-        self._handles: list[int] = []
+        self._spans: list[Spans] = []
         for number, (path, _) in enumerate(files):
-            self._handles.append(os.open(path, os.O_RDONLY))
+            self._spans.append(Spans(path))
             self._scan(tag, number, path, done)
 
     def _scan(self, tag: str, number: int, path: Path, done: set[str]) -> None:
@@ -114,7 +115,7 @@ class ResultIndex:
         """(the digest it was asked with, the result) of the line at a location."""
         number = location >> (_OFFSET_BITS + _LENGTH_BITS)
         offset = (location >> _LENGTH_BITS) & ((1 << _OFFSET_BITS) - 1)
-        line = os.pread(self._handles[number], location & ((1 << _LENGTH_BITS) - 1), offset)
+        line = self._spans[number].read(offset, location & ((1 << _LENGTH_BITS) - 1))
         answer = parse_answer(line)
         parsed = parse_custom_id(answer.custom_id) if answer else None
         if answer is None or parsed is None:
@@ -123,9 +124,9 @@ class ResultIndex:
 
     def close(self) -> None:
         """Close the files."""
-        for handle in self._handles:
-            os.close(handle)
-        self._handles = []
+        for spans in self._spans:
+            spans.close()
+        self._spans = []
 
 
 @runtime_checkable
@@ -283,6 +284,7 @@ class Pass:
 
     def _retire(self) -> None:
         """The results read are spent, but for those carried: the ledger says so."""
+        self.runner.log.flush(durable=True)  # the rows on disk before their results are spent
         carried = None
         if self._carry is not None:
             self._carry.flush()
