@@ -284,7 +284,7 @@ class FakeOpenAI:
         except Exception as exc:  # as in _respond: a broken responder fails the line
             out = _error(500, f"fake server crashed: {exc!r}")
         rec.status = out.status
-        return rec, out.payload if out.raw is None else out.raw.decode()
+        return rec, out.payload if out.raw is None else _json_or_text(out.raw.decode())
 
     def _chat(self, body: JSON, rec: Recorded, *, batch: bool = False) -> _Out:
         status = self.quirks.json_schema_status
@@ -536,6 +536,14 @@ def _last_user_words(messages: list[JSON]) -> list[str]:
 
 def _word_count(text: str) -> int:
     return max(1, len(text.split()))
+
+
+def _json_or_text(raw: str) -> Any:
+    """A raw 200 as a batch result line holds it: JSON as JSON (an API's body is an object)."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
 
 
 def _model(body: JSON) -> str:

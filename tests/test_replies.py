@@ -4,11 +4,24 @@ empty-content reply is an error row with its finish reason, never an `ok` empty 
 from __future__ import annotations
 
 import hashlib
+import json
+import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from openai_server import FakeOpenAI, Faults, Reply
-from support import build_store, docs, make_store, questions, ranked_questions, read_csv, run_cli
+from support import (
+    build_store,
+    custom_key,
+    docs,
+    exam,
+    make_store,
+    questions,
+    ranked_questions,
+    read_csv,
+    run_cli,
+)
 
 BODIES = {
     "html": ("text/html", "<html><body>502 Bad Gateway</body></html>"),
@@ -88,3 +101,72 @@ def test_a_withheld_or_null_answer_is_an_error_row_but_an_empty_one_is_kept(
     assert rows["q2"]["status"] == "ok" and rows["q2"]["answer"] == ""
     assert rows["q3"]["status"] == "ok" and rows["q3"]["answer"]
     assert env.count() == 4  # a withheld answer is not paid for again
+
+
+GRADE = '{"reasoning": "All there.", "completeness": 1, "conciseness": 1}'
+
+
+def completion(message: dict[str, object], **rest: object) -> dict[str, object]:
+    """A chat completion around one message, with the rest of its members as given."""
+    choice = {"index": 0, "message": {"role": "assistant", **message}, "finish_reason": "stop"}
+    return {"id": "c", "object": "chat.completion", "choices": [choice], **rest}
+
+
+# Completions in outline only, as a proxy or a server of its own ways may send them, each with
+# what the reason on its row names: langchain-openai's reader cannot read them, or ragexam
+# cannot count their tokens.
+UNREADABLE = {
+    "usage.prompt_tokens": completion({"content": GRADE}, usage={"prompt_tokens": "many"}),
+    "usage.completion_tokens_details": completion(
+        {"content": GRADE}, usage={"prompt_tokens": 9, "completion_tokens_details": "none"}
+    ),
+    "usage.prompt_tokens_details.cached_tokens": completion(
+        {"content": GRADE}, usage={"prompt_tokens_details": {"cached_tokens": "all"}}
+    ),
+    "message.content": completion({"content": ["a", 1]}),
+    "message.role": completion({"role": 5, "content": GRADE}),
+    "message.name": completion({"content": GRADE, "name": ["judge"]}),
+    "error says": completion({"content": GRADE}, error={"message": "overloaded"}),
+    "choices[1].message": {
+        "choices": [*completion({"content": GRADE})["choices"], {"index": 1, "message": 7}]
+    },
+    "message.tool_calls": completion({"content": None, "tool_calls": [{"id": 1}]}),
+    "message.function_call": completion({"content": GRADE, "function_call": "grade"}),
+}
+
+
+@pytest.mark.parametrize("road", ["sync", "batch"])
+def test_a_completion_no_reader_can_read_is_an_error_row_and_the_stage_goes_on(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, road: str
+) -> None:
+    monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "1")
+    monkeypatch.setenv("RAGEXAM_BATCH_POLL", "0.02")
+    spoiled = {f"Answer #{i}.": body for i, body in enumerate(UNREADABLE.values())}
+    exam(tmp_path / "run", len(spoiled) + 2)
+
+    def raw(text: str) -> tuple[str, str] | None:
+        body = next((body for answer, body in spoiled.items() if answer in text), None)
+        return None if body is None else ("application/json", json.dumps(body))
+
+    env.faults = Faults(raw_200_if=raw)
+    options = ["--batch"] if road == "batch" else []
+    result = run_cli("judge", "--out", "run", "--controls", "0", "--max-error-rate", "1", *options)
+    assert result.exit_code == 0, result.output
+    rows = {row["qa_id"]: row for row in read_csv(tmp_path / "run" / "judgments.csv")}
+    assert len(rows) == len(spoiled) + 2
+    for number, named in enumerate(UNREADABLE):
+        row = rows[f"q{number}"]
+        assert row["status"] == "error" and row["completeness"] == "", named
+        assert row["error"].startswith("the endpoint answered HTTP 200 with a completion whose ")
+        assert named in row["error"] and row["attempts"] == "2", row["error"]
+    assert {rows[f"q{n}"]["status"] for n in (len(spoiled), len(spoiled) + 1)} == {"ok"}
+    asked = (
+        Counter(custom_key(line.custom_id) for line in env.batch_requests)
+        if road == "batch"
+        else Counter(
+            re.findall(r"Answer #[0-9]+", json.dumps(record.body))[0]
+            for record in env.requests
+            if record.path.endswith("/chat/completions")
+        )
+    )
+    assert sorted(asked.values()) == [1, 1] + [2] * len(spoiled)  # each retried once, no more

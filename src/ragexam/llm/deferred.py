@@ -206,20 +206,13 @@ def plain_completion(body: dict[str, Any]) -> tuple[str, int, int] | None:
         choice = choice_of(body)
     except InvalidReply:
         return None
-    message = choice["message"]
-    content, name, known = message.get("content"), message.get("name"), message.get("id")
-    asked, written = usage.get("prompt_tokens_details"), usage.get("completion_tokens_details")
+    message = choice["message"]  # of the assistant, its usage counts: choice_of checked
+    content = message.get("content")
     if (
         not isinstance(content, str)
-        or message.get("role") != "assistant"
-        or not (name is None or isinstance(name, str))
-        or not (known is None or isinstance(known, str))
         or message.get("tool_calls")
         or message.get("function_call")
         or choice.get("finish_reason") in ("length", "content_filter")
-        or body.get("error")  # langchain-openai raises it, whatever the choices say
-        or not (not asked or isinstance(asked, dict))  # read as mappings
-        or not (not written or isinstance(written, dict))
     ):
         return None
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")

@@ -15,6 +15,11 @@ import httpx2
 import openai
 
 CHAT_PATH = "/chat/completions"
+# The token counts of a completion's usage details that langchain-openai reads.
+DETAILS = {
+    "prompt_tokens_details": ("audio_tokens", "cached_tokens", "cache_write_tokens"),
+    "completion_tokens_details": ("audio_tokens", "reasoning_tokens"),
+}
 
 
 # OpenAIError subclasses: the SDK passes them on as they are, without wrapping them.
@@ -58,7 +63,73 @@ def choice_of(data: Any) -> dict[str, Any]:
     choice = choices[0]
     if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
         raise InvalidReply("the endpoint answered HTTP 200 with a choice without a message")
+    odd = unreadable(data)
+    if odd:
+        raise InvalidReply(f"the endpoint answered HTTP 200 with a completion whose {odd}")
     return choice
+
+
+def unreadable(data: dict[str, Any]) -> str | None:
+    """What in a completion langchain-openai's reader (or ragexam's count of its tokens) could
+    not read, or None. Such a reply, from a proxy or a server of its own ways, is an invalid
+    reply on its row: it must never stop the stage."""
+    error = data.get("error")
+    if error:  # langchain-openai raises it, whatever the choices say
+        said = error.get("message") or error if isinstance(error, dict) else error
+        return f"error says: {' '.join(str(said).split())[:200]}"
+    for number, choice in enumerate(data["choices"]):
+        message = choice.get("message") if isinstance(choice, dict) else None
+        where = f"choices[{number}].message"
+        if not isinstance(message, dict):
+            return f"{where} is missing"
+        if message.get("role") != "assistant":
+            return f"{where}.role is {message.get('role')!r}, not 'assistant'"
+        if not isinstance(message.get("content"), str | None):
+            return f"{where}.content is neither text nor null"
+        odd = next(
+            (name for name in ("name", "id") if not isinstance(message.get(name), str | None)), None
+        )
+        if odd:
+            return f"{where}.{odd} is not text"
+        calls = message.get("tool_calls")
+        if calls is not None and not (isinstance(calls, list) and all(map(_tool_call, calls))):
+            return f"{where}.tool_calls are not a list of function calls"
+        if not isinstance(message.get("function_call"), dict | None):
+            return f"{where}.function_call is not an object"
+    return _odd_usage(data.get("usage"))
+
+
+def _tool_call(call: Any) -> bool:
+    function = call.get("function") if isinstance(call, dict) else None
+    return (
+        isinstance(function, dict)
+        and isinstance(function.get("name"), str)
+        and isinstance(function.get("arguments"), str | None)
+        and isinstance(call.get("id"), str | None)
+    )
+
+
+def _odd_usage(usage: Any) -> str | None:
+    """What in a completion's usage is not token counts."""
+    if usage is None:
+        return None
+    if not isinstance(usage, dict):
+        return "usage is not an object"
+    for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        if not _count(usage.get(name)):
+            return f"usage.{name} is not a whole number"
+    for name, counts in DETAILS.items():
+        details = usage.get(name) or {}
+        if not isinstance(details, dict):
+            return f"usage.{name} is not an object"
+        odd = next((count for count in counts if not _count(details.get(count))), None)
+        if odd:
+            return f"usage.{name}.{odd} is not a whole number"
+    return None
+
+
+def _count(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool))
 
 
 def missing_answer(choice: dict[str, Any]) -> str | None:
