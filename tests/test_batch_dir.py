@@ -61,6 +61,7 @@ def test_the_loop_writes_requests_merges_results_and_ends_at_zero(
     }
     assert {(line["method"], line["url"]) for line in lines} == {("POST", "/v1/chat/completions")}
     assert env.count() == 0 and not env.batch_requests  # no chat call of any kind
+    assert (tmp_path / "files" / "results").is_dir()  # for the engine: vLLM makes no folder
     again = judge()  # nothing came back yet: nothing is written twice
     assert again.exit_code == WAITING and len(requests(tmp_path)) == N
     assert run_batch_files(env, tmp_path / "files", shape) == N
@@ -82,7 +83,6 @@ def test_a_failed_line_goes_out_again_in_a_new_file(
     assert judge().exit_code == WAITING
     lines = requests(tmp_path)
     results = tmp_path / "files" / "results"
-    results.mkdir(parents=True)
     error = {"error": {"message": "The server had an error.", "type": "server_error"}}
     out = [
         batch_output_line(line["custom_id"], error, status_code=500)
@@ -123,7 +123,6 @@ def test_vllm_errors_as_objects_or_strings_are_error_rows_with_the_reason(
         else:
             answer = env.answer_line(line["url"], line["body"])[1]
             out.append(batch_output_line(line["custom_id"], answer, shape="vllm"))
-    (tmp_path / "files" / "results").mkdir(parents=True)
     (tmp_path / "files" / "results" / "out.jsonl").write_text("\n".join(out) + "\n")
     result = judge("--max-error-rate", "0.5")
     assert result.exit_code == 0, result.output
@@ -139,7 +138,6 @@ def test_a_result_file_merged_once_is_not_merged_again(env: FakeOpenAI, tmp_path
     exam(tmp_path / "run", 3)
     judge()
     lines = requests(tmp_path)
-    (tmp_path / "files" / "results").mkdir(parents=True)
     error = {"error": {"message": "refused", "type": "invalid_request_error"}}
     out = [batch_output_line(line["custom_id"], error, status_code=400) for line in lines]
     (tmp_path / "files" / "results" / "a.jsonl").write_text("\n".join(out) + "\n")
@@ -247,3 +245,27 @@ def test_a_result_file_that_begins_with_a_byte_order_mark_is_merged_whole(
     assert {k: float(v["completeness"]) for k, v in judged(tmp_path).items()} == {
         f"q{i}": i / 20 for i in range(N)
     }
+
+
+def test_lines_that_are_not_results_of_ours_are_passed_over_on_every_run(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # A custom_id whose call number is a Unicode digit ("²" passes isdigit), and a line nested
+    # deeper than Python parses under an id of ours: neither is a result; the rest merge.
+    exam(tmp_path / "run", N)
+    env.responder = lambda body: grade(body, number(body, "Question") / 20)
+    assert judge().exit_code == WAITING
+    ours = requests(tmp_path)[0]["custom_id"]
+    tag, _, digest, key = ours.split("~")
+    odd = [
+        json.dumps({"custom_id": f"{tag}~²~{digest}~{key}", "response": None}),
+        f'{{"custom_id": "{ours}", "response": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    ]
+    (tmp_path / "files" / "results" / "odd.jsonl").write_text("\n".join(odd) + "\n")
+    assert run_batch_files(env, tmp_path / "files") == N
+    done = judge()
+    assert done.exit_code == 0, done.output
+    assert {k: float(v["completeness"]) for k, v in judged(tmp_path).items()} == {
+        f"q{i}": i / 20 for i in range(N)
+    }
+    assert judge().exit_code == 0  # and again: nothing left to trip over

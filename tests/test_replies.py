@@ -25,6 +25,7 @@ from support import (
 
 BODIES = {
     "html": ("text/html", "<html><body>502 Bad Gateway</body></html>"),
+    "nested past parsing": ("application/json", "[" * 100_000 + "]" * 100_000),
     "empty": ("application/json", ""),
     "empty object": ("application/json", "{}"),
     "no choices": ("application/json", '{"choices": []}'),
@@ -131,6 +132,9 @@ UNREADABLE = {
         "choices": [*completion({"content": GRADE})["choices"], {"index": 1, "message": 7}]
     },
     "message.tool_calls": completion({"content": None, "tool_calls": [{"id": 1}]}),
+    "with object arguments": completion(
+        {"content": None, "tool_calls": [{"id": "t", "function": {"name": "f", "arguments": "[]"}}]}
+    ),
     "message.function_call": completion({"content": GRADE, "function_call": "grade"}),
 }
 
@@ -170,3 +174,40 @@ def test_a_completion_no_reader_can_read_is_an_error_row_and_the_stage_goes_on(
         )
     )
     assert sorted(asked.values()) == [1, 1] + [2] * len(spoiled)  # each retried once, no more
+
+
+def test_a_2xx_that_is_not_200_is_read_as_a_reply_and_its_error_is_an_error_row(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The SDK reads any 2xx as a completion: a 201 carrying an error is an invalid reply.
+    monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "1")
+    exam(tmp_path / "run", 3)
+    env.faults = Faults(status_if=lambda text: 201 if "Answer #1." in text else None)
+    result = run_cli("judge", "--out", "run", "--controls", "0", "--max-error-rate", "0.5")
+    assert result.exit_code == 0, result.output
+    rows = {row["qa_id"]: row for row in read_csv(tmp_path / "run" / "judgments.csv")}
+    assert rows["q1"]["status"] == "error" and rows["q1"]["attempts"] == "2"
+    assert rows["q1"]["error"].startswith("the endpoint answered HTTP 201 with a completion")
+    assert rows["q0"]["status"] == rows["q2"]["status"] == "ok"
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        ('{"reasoning": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deep"),
+        ('{"reasoning": "r", "completeness": 1' + "0" * 5000 + ', "conciseness": 1}', "too long"),
+    ],
+    ids=["deep", "long number"],
+)
+def test_a_structured_reply_json_cannot_read_is_re_asked_then_an_error_row(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str, reason: str
+) -> None:
+    monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "1")
+    exam(tmp_path / "run", 3)
+    env.responder = lambda body: Reply(content=content) if "Answer #1." in str(body) else None
+    result = run_cli("judge", "--out", "run", "--controls", "0", "--max-error-rate", "0.5")
+    assert result.exit_code == 0, result.output
+    rows = {row["qa_id"]: row for row in read_csv(tmp_path / "run" / "judgments.csv")}
+    assert rows["q1"]["status"] == "error" and reason in rows["q1"]["error"]
+    assert rows["q1"]["attempts"] == "2" and rows["q1"]["completeness"] == ""
+    assert rows["q0"]["status"] == rows["q2"]["status"] == "ok"

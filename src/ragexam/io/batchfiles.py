@@ -42,7 +42,7 @@ def custom_id(tag: str, call: int, digest: str, key: str) -> str:
 def parse_custom_id(text: str) -> tuple[str, int, str, str] | None:
     """(tag, call, digest, key) of a custom_id of ours, else None."""
     parts = text.split("~", 3)
-    if len(parts) != 4 or not parts[1].isdigit():
+    if len(parts) != 4 or not (parts[1].isascii() and parts[1].isdigit()):  # not "²"
         return None
     return parts[0], int(parts[1]), parts[2], parts[3]
 
@@ -216,7 +216,7 @@ def parse_answer(line: bytes) -> Answer | None:
     try:
         # UTF-8, the format's (a bad byte: not a line), its file perhaps begun with a BOM
         data = json.loads(line.decode().removeprefix("\ufeff"))
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than Python parses
         return None
     if not isinstance(data, dict) or not isinstance(data.get("custom_id"), str):
         return None

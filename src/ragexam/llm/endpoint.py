@@ -232,8 +232,8 @@ def local_failure(exc: BaseException) -> str | None:
     chain: list[BaseException] = []
     inner: BaseException | None = exc
     while inner is not None and inner not in chain:
-        chain.append(inner)
-        inner = inner.__cause__ or inner.__context__
+        chain.append(inner)  # what it was raised from, or during (unless `from None` hid it)
+        inner = inner.__cause__ or (None if inner.__suppress_context__ else inner.__context__)
     if any(isinstance(link, OSError) for link in chain):
         return None  # refused, reset, unreachable, a timeout, TLS: the network's
     found = next((link for link in chain if isinstance(link, LOCAL_FAILURES)), None)

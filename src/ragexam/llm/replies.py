@@ -32,40 +32,44 @@ class NoAnswer(openai.OpenAIError):
 
 
 async def check_reply(response: httpx2.Response) -> None:
-    """An httpx response hook: raise when a chat completion's 200 is not a usable completion."""
-    if response.status_code != 200 or not response.request.url.path.endswith(CHAT_PATH):
+    """An httpx response hook: raise when a chat completion's 2xx is not a usable completion
+    (the SDK reads any 2xx as one)."""
+    status = response.status_code
+    if not 200 <= status < 300 or not response.request.url.path.endswith(CHAT_PATH):
         return
     await response.aread()
-    choice = first_choice(response.content, response.headers.get("content-type", ""))
+    content_type = response.headers.get("content-type", "")
+    choice = first_choice(response.content, content_type, status)
     no_answer = missing_answer(choice)
     if no_answer:
         raise NoAnswer(no_answer)
 
 
-def first_choice(body: bytes, content_type: str) -> dict[str, Any]:
+def first_choice(body: bytes, content_type: str, status: int = 200) -> dict[str, Any]:
     """The first choice of a completion body, or InvalidReply saying what came instead."""
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than Python parses
         kind = "an empty body" if not body.strip() else f"a body that is not JSON ({content_type})"
         raise InvalidReply(
-            f"the endpoint answered HTTP 200 with {kind}, not a completion; "
+            f"the endpoint answered HTTP {status} with {kind}, not a completion; "
             "is a gateway or proxy in the way?"
         ) from None
-    return choice_of(data)
+    return choice_of(data, status)
 
 
-def choice_of(data: Any) -> dict[str, Any]:
+def choice_of(data: Any, status: int = 200) -> dict[str, Any]:
     """The first choice of a completion already read as JSON, or InvalidReply saying why not."""
+    answered = f"the endpoint answered HTTP {status} with"
     choices = data.get("choices") if isinstance(data, dict) else None
     if not isinstance(choices, list) or not choices:
-        raise InvalidReply("the endpoint answered HTTP 200 with a completion without choices")
+        raise InvalidReply(f"{answered} a completion without choices")
     choice = choices[0]
     if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
-        raise InvalidReply("the endpoint answered HTTP 200 with a choice without a message")
+        raise InvalidReply(f"{answered} a choice without a message")
     odd = unreadable(data)
     if odd:
-        raise InvalidReply(f"the endpoint answered HTTP 200 with a completion whose {odd}")
+        raise InvalidReply(f"{answered} a completion whose {odd}")
     return choice
 
 
@@ -93,20 +97,28 @@ def unreadable(data: dict[str, Any]) -> str | None:
             return f"{where}.{odd} is not text"
         calls = message.get("tool_calls")
         if calls is not None and not (isinstance(calls, list) and all(map(_tool_call, calls))):
-            return f"{where}.tool_calls are not a list of function calls"
+            return f"{where}.tool_calls are not a list of function calls with object arguments"
         if not isinstance(message.get("function_call"), dict | None):
             return f"{where}.function_call is not an object"
     return _odd_usage(data.get("usage"))
 
 
 def _tool_call(call: Any) -> bool:
+    """Whether langchain can read a tool call: a function's name, and arguments that are an
+    object as JSON (or not JSON at all: it keeps those as an invalid call)."""
     function = call.get("function") if isinstance(call, dict) else None
-    return (
+    if not (
         isinstance(function, dict)
         and isinstance(function.get("name"), str)
         and isinstance(function.get("arguments"), str | None)
         and isinstance(call.get("id"), str | None)
-    )
+    ):
+        return False
+    try:
+        arguments = json.loads(function["arguments"] or "{}", strict=False)
+    except (ValueError, RecursionError):
+        return True
+    return isinstance(arguments, dict)
 
 
 def _odd_usage(usage: Any) -> str | None:

@@ -110,6 +110,10 @@ def tolerant_json(text: str, raw: AIMessage | None = None) -> Any:
         value, _ = _TOLERANT.raw_decode(text, start)
     except json.JSONDecodeError as exc:
         raise output_error(f"the reply is not valid JSON ({exc.msg})", raw) from None
+    except (ValueError, RecursionError):  # an integer of 5,000 digits, or [[[[...
+        raise output_error(
+            "the reply is JSON nested too deep, or with a number too long", raw
+        ) from None
     return value
 
 

@@ -142,6 +142,8 @@ class BatchRoad:
         self.plan_calls_nothing()
         new = self._new_results(folder)
         await self.round(folder / "requests", new)
+        if self.out:  # where the engine writes its results: `vllm run-batch -o` makes no folder
+            (folder / "results").mkdir(parents=True, exist_ok=True)
         for path in new:
             size, mtime = _identity(path)
             self.ledger.record("seen", file=path, size=size, mtime_ns=mtime)
