@@ -62,6 +62,8 @@ class BatchFaults:
     expire_after: int | None = None  # lines run before the batch expires
     retrieve_status: Callable[[str, int], int | None] | None = None  # (batch id, poll) -> status
     reverse_output: bool = False  # OpenAI does not promise input order in result files
+    # A gateway's or another server's own ways: (method, path, reply) -> the reply it sends.
+    alter: Callable[[str, str, HttpReply], HttpReply] | None = None
     max_lines: int = 50_000
     max_bytes: int = 200 * 1024 * 1024
 

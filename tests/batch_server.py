@@ -178,7 +178,12 @@ class BatchServer:
     # -- HTTP (handler threads) -----------------------------------------------------------------
 
     def route(self, method: str, rec: Recorded, raw: bytes) -> HttpReply:
-        """Answer one /v1/files or /v1/batches request."""
+        """Answer one /v1/files or /v1/batches request (as `alter` changes it)."""
+        reply = self._route(method, rec, raw)
+        alter = self.server.batch.alter
+        return reply if alter is None else alter(method, rec.path, reply)
+
+    def _route(self, method: str, rec: Recorded, raw: bytes) -> HttpReply:
         query = {name: values[-1] for name, values in parse_qs(rec.query).items()}
         match method, rec.path.removeprefix("/v1/").split("/"):
             case "POST", ["files"]:

@@ -8,11 +8,13 @@ import json
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
+from batch_api import HttpReply
 from judges import truthful
 from openai_server import FakeOpenAI
 from rich.console import Console
@@ -392,3 +394,94 @@ def test_key_points_are_marked_through_batches_as_on_the_sync_road(
     assert {scale for scale, _, _ in graded["batch"].values()} == {"key-points"}
     assert {completeness for _, completeness, _ in graded["batch"].values()} == {"0.5", "1.0"}
     assert len(batch_env.batch_requests) == 2 * N  # two samples a row, each in a batch
+
+
+def altering(method: str, path: str, change: Callable[[Any], HttpReply]) -> Any:
+    """A Batch API `alter` that changes its 200s to `method` on paths starting with `path`."""
+
+    def alter(asked: str, at: str, reply: HttpReply) -> HttpReply:
+        if asked == method and at.startswith(path) and reply.status == 200:
+            return change(reply.payload)
+        return reply
+
+    return alter
+
+
+def batches_made(server: FakeOpenAI) -> int:
+    sdk = openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+    return len(list(sdk.batches.list().data))
+
+
+def test_a_batch_made_without_an_id_stops_the_stage_and_is_found_again_not_made_twice(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # Each submission it could not record would be made again, and paid again: not one more.
+    exam(tmp_path / "run", 3)
+    without_id = altering("POST", "/v1/batches", lambda made: HttpReply(200, {**made, "id": None}))
+    batch_env.batch.alter = without_id
+    result = judge()
+    assert result.exit_code == 4, result.output
+    assert "the endpoint's Batch API answered with a batch without an id" in result.output
+    assert batches_made(batch_env) == 1
+    events = ledger_events(tmp_path / "run" / "batches" / "judge.jsonl")
+    assert "submitted" not in {event["event"] for event in events}
+    batch_env.batch.alter = None
+    assert judge().exit_code == 0  # found by its input file, not made again
+    assert batches_made(batch_env) == 1
+    assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(3)}
+
+
+HTML = HttpReply(200, None, {"Content-Type": "text/html"}, b"<html>Bad gateway</html>")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "change", "said"),
+    [
+        (
+            "GET",
+            "/v1/batches/",
+            lambda b: HttpReply(200, {**b, "status": None}),
+            "without a status",
+        ),
+        ("GET", "/v1/batches/", lambda b: HttpReply(200, {**b, "output_file_id": 5}), "not text"),
+        ("GET", "/v1/batches/", lambda b: HTML, "with a body that is not JSON, not a batch"),
+        ("GET", "/v1/batches/", lambda b: HttpReply(200, [b]), "JSON of another shape (list)"),
+        ("POST", "/v1/files", lambda f: HttpReply(200, {**f, "id": ""}), "a file without an id"),
+        ("POST", "/v1/files", lambda f: HttpReply(200, None, raw=b""), "not JSON"),
+    ],
+    ids=["status", "output file", "html", "a list", "file id", "empty upload"],
+)
+def test_a_batch_api_reply_without_what_ragexam_goes_by_is_a_one_line_endpoint_error(
+    batch_env: FakeOpenAI,
+    tmp_path: Path,
+    method: str,
+    path: str,
+    change: Callable[[Any], HttpReply],
+    said: str,
+) -> None:
+    exam(tmp_path / "run", 3)
+    batch_env.batch.alter = altering(method, path, change)
+    result = judge()
+    assert result.exit_code == 4, result.output
+    (line,) = [text for text in result.output.splitlines() if text.startswith("Error:")]
+    assert "the endpoint's Batch API" in line and said in " ".join(result.output.split())
+    assert batches_made(batch_env) <= 1
+    batch_env.batch.alter = None
+    assert judge().exit_code == 0  # nothing was lost: the rerun goes on from where it stopped
+    assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(3)}
+
+
+def test_counts_times_and_errors_it_cannot_read_are_left_out(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    exam(tmp_path / "run", N)
+    batch_env.responder = by_question
+    odd = {"request_counts": {}, "created_at": "today", "expires_at": "soon", "errors": [1]}
+    batch_env.batch.alter = altering(
+        "GET", "/v1/batches/", lambda batch: HttpReply(200, {**batch, **odd})
+    )
+    result = judge()
+    assert result.exit_code == 0, result.output
+    assert {k: float(v["completeness"]) for k, v in judged(tmp_path).items()} == {
+        f"q{i}": i / 20 for i in range(N)
+    }

@@ -7,12 +7,15 @@ replace, and the SDK's own retry (with Retry-After) serves them; the project's r
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import openai
+from pydantic import BaseModel
 
 from ragexam.config import Settings
 from ragexam.errors import AuthError, EndpointError
@@ -46,24 +49,62 @@ class BatchView:
 
 
 def view_of(batch: Any) -> BatchView:
-    """The Batch object as plain values."""
-    counts = batch.request_counts
-    errors = tuple(
-        (str(item.code or ""), str(item.message or ""), item.line)
-        for item in (batch.errors.data or [] if batch.errors else [])
-    )
+    """The Batch object as plain values. EndpointError when it lacks what ragexam goes by (its
+    id, status, result files); counts, times and errors it cannot read are left out."""
+    if not isinstance(batch, BaseModel):
+        raise EndpointError(f"{API} answered with {_what(batch)}, not a batch")
+    ident, status = getattr(batch, "id", None), getattr(batch, "status", None)
+    if not isinstance(ident, str) or not ident:
+        raise EndpointError(f"{API} answered with a batch without an id")
+    if not isinstance(status, str) or not status:
+        raise EndpointError(f"{API} answered with batch {ident} without a status")
+    files = [getattr(batch, name, None) for name in ("output_file_id", "error_file_id")]
+    if not all(isinstance(file, str | None) for file in files):
+        raise EndpointError(f"{API} answered with batch {ident} whose result file ids are not text")
+    counts = getattr(batch, "request_counts", None)
     return BatchView(
-        batch.id,
-        batch.status,
-        int(counts.total) if counts else 0,
-        int(counts.completed) if counts else 0,
-        int(counts.failed) if counts else 0,
-        float(batch.created_at),
-        float(batch.expires_at) if batch.expires_at else None,
-        batch.output_file_id,
-        batch.error_file_id,
-        errors,
+        ident,
+        status,
+        _count(counts, "total"),
+        _count(counts, "completed"),
+        _count(counts, "failed"),
+        _time(getattr(batch, "created_at", None)) or time.time(),
+        _time(getattr(batch, "expires_at", None)) or None,
+        files[0] or None,
+        files[1] or None,
+        _errors(getattr(batch, "errors", None)),
     )
+
+
+API = "the endpoint's Batch API"
+
+
+def _what(value: Any) -> str:
+    """What came instead of an object, in a few words."""
+    if isinstance(value, str):
+        return "a body that is not JSON" if value.strip() else "an empty body"
+    return f"JSON of another shape ({type(value).__name__})"
+
+
+def _count(counts: Any, name: str) -> int:
+    value = getattr(counts, name, None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _time(value: Any) -> float | None:
+    """A Unix time, or None for anything else."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _errors(errors: Any) -> tuple[tuple[str, str, int | None], ...]:
+    """(code, message, line) of each error of a failed batch that has them."""
+    items = getattr(errors, "data", None)
+    found = []
+    for item in items if isinstance(items, list) else []:
+        code, message = getattr(item, "code", None), getattr(item, "message", None)
+        line = getattr(item, "line", None)
+        found.append((str(code or ""), str(message or ""), line if isinstance(line, int) else None))
+    return tuple(found)
 
 
 class BatchApi:
@@ -88,7 +129,11 @@ class BatchApi:
             made = await self._call(
                 self.client.files.create, file=(path.name, handle), purpose="batch"
             )
-        return str(made.id)
+        ident = getattr(made, "id", None) if isinstance(made, BaseModel) else None
+        if not isinstance(ident, str) or not ident:
+            what = "a file without an id" if isinstance(made, BaseModel) else _what(made)
+            raise EndpointError(f"{API} answered the upload of {path.name} with {what}")
+        return ident
 
     async def create(self, file_id: str, url: str, metadata: dict[str, str]) -> BatchView:
         """A batch of the uploaded file's requests."""
@@ -109,8 +154,11 @@ class BatchApi:
         """The batch made of this input file, if one was made (its id was not recorded)."""
         page = await self._call(self.client.batches.list, limit=LIST_PAGE)
         while True:
-            for batch in page.data:
-                if batch.input_file_id == file_id:
+            batches = getattr(page, "data", None)
+            if not isinstance(batches, list):
+                raise EndpointError(f"{API} answered the list of batches with {_what(page)}")
+            for batch in batches:
+                if getattr(batch, "input_file_id", None) == file_id:
                     return view_of(batch)
             if not page.has_next_page():
                 return None
@@ -139,6 +187,8 @@ class BatchApi:
             return await method(*args, **kwargs)
         except openai.APIError as exc:
             raise self._failed(exc) from None
+        except json.JSONDecodeError:  # the SDK reads a JSON body it was told is JSON
+            raise EndpointError(f"{API} answered with a body that is not JSON") from None
 
     def _failed(self, exc: openai.APIError) -> EndpointError | AuthError:
         reason = self.redact(describe(exc))
