@@ -1,8 +1,8 @@
 """`--batch-dir DIR`: requests as OpenAI batch input files under DIR/requests/, results merged
 from DIR/results/ in OpenAI's or vLLM's output shape; exit 75 while any wait, 0 when done.
 
-(A real `vllm run-batch` needs CUDA and a model hub; `run_batch_files` writes what it writes:
-tests/batch_api.py records how vLLM's output differs from OpenAI's.)"""
+(`run_batch_files` writes what `vllm run-batch` writes: tests/batch_api.py records how vLLM's
+output differs from OpenAI's; tests/test_vllm_run_batch.py runs a real one, when there is one.)"""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from batch_api import batch_error_line, batch_output_line
-from openai_server import FakeOpenAI
+from openai_server import FakeOpenAI, Reply
 from support import (
     build_store,
     docs,
@@ -269,3 +269,51 @@ def test_lines_that_are_not_results_of_ours_are_passed_over_on_every_run(
         f"q{i}": i / 20 for i in range(N)
     }
     assert judge().exit_code == 0  # and again: nothing left to trip over
+
+
+def test_the_record_and_cost_cover_every_run_of_the_batch_job(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every reply to a first ask is cut off: the job takes three runs (requests, re-asks, the
+    # end), and its record bills every one of them, as the rows do.
+    monkeypatch.setenv("RAGEXAM_PRICE_INPUT", "2")
+    monkeypatch.setenv("RAGEXAM_PRICE_OUTPUT", "8")
+    exam(tmp_path / "run", N)
+
+    def cut_then_grade(body: dict[str, Any]) -> Reply:
+        if "cut off" in json.dumps(body):
+            return grade(body, 0.5)
+        return Reply(content='{"reasoning": "' + "very " * 400)  # cut at max_tokens
+
+    env.responder = cut_then_grade
+    first = judge()
+    assert first.exit_code == WAITING
+    assert f"judge: no row to write yet, {N} requests wait for their results" in first.output
+    answered = run_batch_files(env, tmp_path / "files")
+    second = judge()
+    assert second.exit_code == WAITING, second.output  # the re-asks
+    answered += run_batch_files(env, tmp_path / "files")
+    done = judge()
+    assert done.exit_code == 0, done.output
+    rows = judged(tmp_path).values()
+    assert len(rows) == N and {row["attempts"] for row in rows} == {"2"}
+    record = json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["judge"]
+    billed = record["tokens_billed"]
+    assert billed == {
+        "prompt": sum(int(row["prompt_tokens"]) for row in rows),
+        "completion": sum(int(row["completion_tokens"]) for row in rows),
+    }
+    assert record["calls"] == answered == 2 * N
+    assert record["batch"]["requests"] == 2 * N and record["batch"]["results_merged"] == 2 * N
+    cost = (billed["prompt"] * 2 + billed["completion"] * 8) / 1e6 / 2  # the batch price: half
+    assert record["cost_usd"] == pytest.approx(cost)
+    assert f"{2 * N} merged over the 3 runs of this batch job" in done.output
+    # A new job, for rows added since, is billed on its own.
+    exam(tmp_path / "run", N + 2)
+    assert judge().exit_code == WAITING
+    run_batch_files(env, tmp_path / "files")
+    judge()
+    run_batch_files(env, tmp_path / "files")
+    assert judge().exit_code == 0
+    again = json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["judge"]
+    assert again["calls"] == 4 and again["batch"]["requests"] == 4

@@ -52,6 +52,8 @@ def span(seconds: float) -> str:
 def batch_summary(batch: dict[str, Any]) -> str:
     """What the batch road did: requests sent, results merged, and how long the batches took."""
     sent, merged = f"{batch['requests']:,} requests sent", f"{batch['results_merged']:,} merged"
+    runs = batch.get("runs", 1)
+    merged += f" over the {runs} runs of this batch job" if runs > 1 else ""
     if batch["mode"] == "dir":
         waiting = f"; {batch['waiting']:,} wait for results" if batch["waiting"] else ""
         return f"batch files: {sent} to {batch['folder']}/requests, {merged}{waiting}"

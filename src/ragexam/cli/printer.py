@@ -71,7 +71,9 @@ class Printer(Observer):
         outcome = result.outcome
         if not (outcome.ok or outcome.errors or outcome.quarantined or skipped):
             done = f"{outcome.done_before} rows done before"
-            say(f"{stage.replace('_', ' ')}: nothing to do ({done}) -> {result.path}", wrap=True)
+            waits = f"{outcome.waiting} requests wait for their results" if outcome.waiting else ""
+            what = f"no row to write yet, {waits}" if waits else "nothing to do"
+            say(f"{stage.replace('_', ' ')}: {what} ({done}) -> {result.path}", wrap=True)
             return
         summary_line(stage.replace("_", " "), result, skipped)
         for note in result.notes:

@@ -66,6 +66,7 @@ class Ledger:
         self.carry: Path | None = None
         self.seen: dict[Path, tuple[int, int]] = {}
         self.count = 0  # shards ever written: names are numbered on
+        self.job: dict[str, int] = {}  # the batch job's totals, as its last run left them
         for event in self._events():
             self._apply(event)
 
@@ -126,6 +127,8 @@ class Ledger:
             self.merged.update(self.file(item) for item in event["files"])
         elif kind == "carry":
             self.carry = self.file(event["file"]) if event.get("file") else None
+        elif kind == "job":
+            self.job = {k: int(v) for k, v in event.items() if isinstance(v, int)}
         elif kind == "seen":
             self.seen[self.file(event["file"])] = (int(event["size"]), int(event["mtime_ns"]))
 

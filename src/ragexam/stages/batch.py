@@ -32,6 +32,10 @@ from ragexam.stages.replay import Pass, ResultIndex, outstanding, results_of, to
 from ragexam.stages.runner import Plan, Progress, Runner, RunSettings
 
 MAX_ROUNDS = 200  # passes in one run: far above what retries and samples need; a loop is a bug
+COUNTED = (  # the road's counts, summed over the runs of a batch job
+    *("rounds", "requests", "results_merged", "requests_rendered", "results_read"),
+    *("shards", "batches", "runs"),
+)
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ async def drive(mode: BatchMode, runner: Runner, plan: Plan, progress: Progress 
             await api_rounds(road)
     finally:
         runner.outcome.batch = road.record()
+        road.close_job()
 
 
 class BatchRoad:
@@ -86,10 +91,32 @@ class BatchRoad:
         self._check_elsewhere()
         self.out: dict[str, int] = outstanding(self.ledger)
         runner.log.hold()  # a row lost to a kill is merged again: its results stay till then
+        self.before = self._job_so_far()
         self.rounds = self.sent = self.merged = self.batches = 0
         self.direct = [0, 0]  # first requests rendered, and first results read, directly
         self.shards: list[str] = []  # written this run
         self.waiting = 0
+
+    def _job_so_far(self) -> dict[str, int]:
+        """What the runs before this one did of the batch job this run goes on with (nothing,
+        when no request is out): the stage's record covers the job, from the run that wrote
+        its first requests to the one that merges its last results. Its model's calls and
+        tokens start from them."""
+        before = dict(self.ledger.job) if self.out or self.ledger.carry else {}
+        llm = self.plan.llm  # type: ignore[attr-defined]  # drive checked it has one
+        llm.pacer.traffic.calls += before.get("calls", 0)
+        llm.tokens[0] += before.get("prompt", 0)
+        llm.tokens[1] += before.get("completion", 0)
+        return before
+
+    def close_job(self) -> None:
+        """Record the batch job's totals so far, for the run that goes on with it."""
+        llm = self.plan.llm  # type: ignore[attr-defined]
+        totals = self.record()
+        counts = {name: totals[name] for name in COUNTED}
+        self.ledger.record(
+            "job", calls=llm.calls, prompt=llm.tokens[0], completion=llm.tokens[1], **counts
+        )
 
     def _check_elsewhere(self) -> None:
         """Refuse to run while requests of the stage are out by the other way."""
@@ -178,13 +205,12 @@ class BatchRoad:
             self.progress.batches(views or [], f"{self.tag}: {text}")
 
     def record(self) -> dict[str, Any]:
-        """The road's figures, for the manifest and the summary."""
+        """The road's figures, for the manifest and the summary: the batch job's so far."""
         shards = self.ledger.shards.values()
         started = [s.submitted_at for s in shards if s.submitted_at and s.name in self.shards]
         ended = [s.ended_at for s in shards if s.ended_at and s.name in self.shards]
-        return {
-            "mode": "dir" if self.mode.folder is not None else "api",
-            "folder": str(self.mode.folder) if self.mode.folder is not None else None,
+        this_run = {
+            "runs": 1,
             "rounds": self.rounds,
             "requests": self.sent,
             "results_merged": self.merged,
@@ -193,6 +219,11 @@ class BatchRoad:
             "results_read": self.direct[1],
             "shards": len(self.shards),
             "batches": self.batches,
+        }
+        return {
+            "mode": "dir" if self.mode.folder is not None else "api",
+            "folder": str(self.mode.folder) if self.mode.folder is not None else None,
+            **{name: count + self.before.get(name, 0) for name, count in this_run.items()},
             "seconds": round(max(ended) - min(started), 3) if started and ended else None,
             "waiting": self.waiting,
         }
