@@ -47,6 +47,8 @@ class Faults:
     status_if: Callable[[str], int | None] | None = None
     # A 200 whose body is not a completion: (content type, body) for a chat request's text.
     raw_200_if: Callable[[str], tuple[str, str] | None] | None = None
+    # An embeddings endpoint of its own ways: (the reply's JSON) -> what it sends (text: raw).
+    embeddings_reply: Callable[[JSON], Any] | None = None
     rpm_limit: int | None = None  # a real sliding-window limit on chat calls: this many ...
     rpm_window: float = 60.0  # ... per this many seconds; a 429 says when a slot frees
     tpm_limit: int | None = None  # a sliding-window limit on prompt tokens (count_tokens) ...
@@ -353,7 +355,13 @@ class FakeOpenAI:
                 item["embedding"] = [list(map(float, embed(word))) for word in text.split()]
         tokens = _word_count(" ".join(texts))
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-        return _Out(200, {"object": "list", "data": data, "model": _model(body), "usage": usage})
+        reply = {"object": "list", "data": data, "model": _model(body), "usage": usage}
+        if self.faults.embeddings_reply is not None:
+            sent = self.faults.embeddings_reply(reply)
+            if isinstance(sent, str):
+                return _Out(200, None, {"Content-Type": "text/html"}, raw=sent.encode())
+            return _Out(200, sent)
+        return _Out(200, reply)
 
     def _inject(
         self, rec: Recorded, text: str, key: str, *, chat: bool, batch: bool = False

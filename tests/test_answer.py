@@ -7,9 +7,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-from openai_server import FakeOpenAI
+from openai_server import FakeOpenAI, Faults
 from support import (
     N_CHUNKS,
     build_store,
@@ -260,3 +261,46 @@ def test_a_huge_retrieved_chunk_is_cut_in_the_prompt(env: FakeOpenAI, tmp_path: 
     sent = str(env.requests[-1].body["messages"][-1]["content"])
     assert ("START " + huge)[:300] + "\n</chunk>" in sent  # cut at exactly 300 characters
     assert len(sent) < 5000
+
+
+def with_items(change: Any) -> Any:
+    """An embeddings reply whose `data` items are changed by `change(items)`."""
+    return lambda reply: {**reply, "data": change(reply["data"])}
+
+
+# Embeddings replies of servers of their own ways, and what the one-line error says of each.
+ODD_EMBEDDINGS = {
+    "no data": (lambda reply: {"object": "list"}, "not a list of embeddings"),
+    "html": (lambda reply: "<html>502 Bad Gateway</html>", "not a list of embeddings"),
+    "no vectors": (with_items(lambda items: [{"index": 0}] * len(items)), "numbers"),
+    "one too few": (with_items(lambda items: items[1:]), "vectors for"),
+    "null": (with_items(lambda items: [{**i, "embedding": None} for i in items]), "numbers"),
+    "text": (with_items(lambda items: [{**i, "embedding": ["a"]} for i in items]), "numbers"),
+    "ragged": (
+        with_items(lambda items: [{**items[0], "embedding": [0.5]}, *items[1:]]),
+        "different lengths",
+    ),
+}
+
+
+@pytest.mark.parametrize("embedding", ["openai:fake-embed", "collection"])
+@pytest.mark.parametrize("odd", list(ODD_EMBEDDINGS))
+def test_embeddings_no_retriever_can_use_are_a_one_line_error_before_any_answer(
+    env: FakeOpenAI, tmp_path: Path, odd: str, embedding: str
+) -> None:
+    store = make_store(tmp_path / "store", env)
+    ranked_questions(env, {f"Q{i}?": list(range(N_CHUNKS)) for i in range(4)})
+    write_qa(
+        tmp_path / "run" / "qa_dataset.csv",
+        [{"qa_id": f"q{i}", "chunk_id": f"c{i}", "question": f"Q{i}?"} for i in range(4)],
+    )
+    change, said = ODD_EMBEDDINGS[odd]
+    env.faults = Faults(embeddings_reply=change)
+    result = run_cli("answer", "--chroma", str(store), "--out", "run", "--embedding", embedding)
+    lines = result.output.strip().splitlines()
+    assert result.exit_code in (2, 4) and len(lines) == 1, result.output
+    assert "bug" not in lines[0] and "embedding" in lines[0], lines[0]
+    if embedding != "collection":  # Chroma's own function says it in its own words
+        assert lines[0].startswith("Error: the embedding endpoint (openai:fake-embed at http")
+        assert said in lines[0] and result.exit_code == 4
+    assert env.count() == 0  # no answer was asked for

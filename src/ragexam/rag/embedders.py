@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import warnings
+from contextlib import suppress
 from typing import Any, Protocol
 
 import openai
@@ -74,7 +75,15 @@ class CollectionEmbedder:
                 f"{' '.join(str(exc).split())[:300]}; pass --embedding openai:MODEL to embed "
                 "with your endpoint instead"
             ) from None
-        return [list(map(float, vector)) for vector in vectors]
+        with suppress(TypeError, ValueError):  # numpy arrays, as Chroma's give: else said below
+            vectors = [list(map(float, vector)) for vector in vectors]
+        found, problem = plain_vectors(vectors, len(texts))
+        if problem:
+            raise StoreError(
+                f"the collection's embedding function ({self.name}) {problem}; pass "
+                "--embedding openai:MODEL to embed with your endpoint instead"
+            )
+        return found
 
     async def aclose(self) -> None:
         """Nothing to release: Chroma owns the function."""
@@ -121,6 +130,13 @@ class OpenAIEmbedder:
                     f"{self.redact(describe(exc))}; check RAGEXAM_EMBEDDING_BASE_URL or "
                     "OPENAI_BASE_URL, the key, and the model name"
                 ) from None
+            except (ValueError, KeyError, AttributeError, TypeError) as exc:
+                # Not wrapped by the SDK (as its HTTP client's failures are): reading the reply.
+                said = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+                raise EndpointError(
+                    f"the embedding endpoint ({self.name} at {self.base_url}) answered with "
+                    f"what is not a list of embeddings ({said})"
+                ) from None
         per_token = next((v for v in vectors if v and isinstance(v[0], list)), None)
         if per_token is not None:
             raise ConfigError(
@@ -130,12 +146,38 @@ class OpenAIEmbedder:
                 "server has no such option, so serve the embedding model with llama-server, or "
                 "point RAGEXAM_EMBEDDING_BASE_URL at another embedding endpoint"
             )
-        return vectors
+        found, problem = plain_vectors(vectors, len(texts))
+        if problem:
+            raise EndpointError(
+                f"the embedding endpoint ({self.name} at {self.base_url}) {problem}"
+            )
+        return found
 
     async def aclose(self) -> None:
         """Close the HTTP connections."""
         if self.client.http_async_client is not None:
             await self.client.http_async_client.aclose()
+
+
+def plain_vectors(vectors: Any, count: int) -> tuple[list[list[float]], str | None]:
+    """The vectors, or what is wrong with them: one vector a text, all of one length, each a
+    list of numbers (by its ends: ~5 ms a batch of 64 for every number, at a million rows a
+    minute and more, for what JSON already made numbers)."""
+    if not isinstance(vectors, list) or len(vectors) != count:
+        got = len(vectors) if isinstance(vectors, list) else "no list of"
+        return [], f"answered {got} vectors for {count} texts"
+    if not all(
+        isinstance(vector, list) and vector and _number(vector[0]) and _number(vector[-1])
+        for vector in vectors
+    ):
+        return [], "answered vectors that are not lists of numbers"
+    if len({len(vector) for vector in vectors}) > 1:
+        return [], "answered vectors of different lengths for one batch of texts"
+    return vectors, None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def make_embedder(spec: str, collection: Any, settings: Settings, trust: bool = False) -> Embedder:
