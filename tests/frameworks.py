@@ -198,15 +198,19 @@ def nodes(question):
 
 def haystack_components() -> tuple[Any, Any, Any]:
     """Haystack components: a document embedder, a text embedder, a generator (fakes)."""
+    from dataclasses import replace
+
     from haystack import Document, component
 
     @component
     class HashedDocuments:
         @component.output_types(documents=list[Document])
         def run(self, documents: list[Document]) -> dict[str, Any]:
-            for document in documents:
-                document.embedding = hashed_embedding((document.content or "").strip(), DIM)
-            return {"documents": documents}
+            embedded = [  # new instances, as Haystack wants: the pipeline may share the old
+                replace(d, embedding=hashed_embedding((d.content or "").strip(), DIM))
+                for d in documents
+            ]
+            return {"documents": embedded}
 
     @component
     class HashedText:

@@ -317,3 +317,26 @@ def test_the_record_and_cost_cover_every_run_of_the_batch_job(
     assert judge().exit_code == 0
     again = json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["judge"]
     assert again["calls"] == 4 and again["batch"]["requests"] == 4
+
+
+def test_a_2xx_result_that_is_not_a_completion_is_asked_again_then_an_error_row(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "1")
+    exam(tmp_path / "run", 2)
+    assert judge().exit_code == WAITING
+    for round_ in (1, 2):  # the first ask, then its one retry: each answered 204, no body
+        lines = requests(tmp_path)
+        assert len(lines) == (2 if round_ == 1 else 1)
+        out = [
+            batch_output_line(line["custom_id"], None, status_code=204)
+            if line["custom_id"].endswith("~q1")
+            else batch_output_line(line["custom_id"], env.answer_line(line["url"], line["body"])[1])
+            for line in lines
+        ]
+        (tmp_path / "files" / "results" / f"{round_}.jsonl").write_text("\n".join(out) + "\n")
+        result = judge("--max-error-rate", "0.5")
+    assert result.exit_code == 0, result.output
+    rows = judged(tmp_path)
+    assert rows["q0"]["status"] == "ok" and rows["q1"]["status"] == "error"
+    assert rows["q1"]["error"].startswith("the endpoint answered HTTP 204 with a completion")
