@@ -15,6 +15,7 @@ import httpx2
 import openai
 
 CHAT_PATH = "/chat/completions"
+TOKENS = ("prompt_tokens", "completion_tokens", "total_tokens")
 # The token counts of a completion's usage details that langchain-openai reads.
 DETAILS = {
     "prompt_tokens_details": ("audio_tokens", "cached_tokens", "cache_write_tokens"),
@@ -76,31 +77,39 @@ def choice_of(data: Any, status: int = 200) -> dict[str, Any]:
 def unreadable(data: dict[str, Any]) -> str | None:
     """What in a completion langchain-openai's reader (or ragexam's count of its tokens) could
     not read, or None. Such a reply, from a proxy or a server of its own ways, is an invalid
-    reply on its row: it must never stop the stage."""
+    reply on its row: it must never stop the stage. (~1 µs: it reads every batch result.)"""
     error = data.get("error")
     if error:  # langchain-openai raises it, whatever the choices say
         said = error.get("message") or error if isinstance(error, dict) else error
         return f"error says: {' '.join(str(said).split())[:200]}"
     for number, choice in enumerate(data["choices"]):
-        message = choice.get("message") if isinstance(choice, dict) else None
-        where = f"choices[{number}].message"
-        if not isinstance(message, dict):
-            return f"{where} is missing"
-        if message.get("role") != "assistant":
-            return f"{where}.role is {message.get('role')!r}, not 'assistant'"
-        if not isinstance(message.get("content"), str | None):
-            return f"{where}.content is neither text nor null"
-        odd = next(
-            (name for name in ("name", "id") if not isinstance(message.get(name), str | None)), None
-        )
+        message = choice.get("message") if type(choice) is dict else None
+        if type(message) is not dict:
+            return f"choices[{number}].message is missing"
+        odd = _odd_message(message)
         if odd:
-            return f"{where}.{odd} is not text"
-        calls = message.get("tool_calls")
-        if calls is not None and not (isinstance(calls, list) and all(map(_tool_call, calls))):
-            return f"{where}.tool_calls are not a list of function calls with object arguments"
-        if not isinstance(message.get("function_call"), dict | None):
-            return f"{where}.function_call is not an object"
+            return f"choices[{number}].message{odd}"
     return _odd_usage(data.get("usage"))
+
+
+def _odd_message(message: dict[str, Any]) -> str | None:
+    """What in a message is not as langchain reads it, from its own name on."""
+    get = message.get
+    if get("role") != "assistant":
+        return f".role is {get('role')!r}, not 'assistant'"
+    content, name, known = get("content"), get("name"), get("id")
+    if content is not None and type(content) is not str:
+        return ".content is neither text nor null"
+    for field, value in (("name", name), ("id", known)):
+        if value is not None and type(value) is not str:
+            return f".{field} is not text"
+    calls = get("tool_calls")
+    if calls is not None and not (type(calls) is list and all(map(_tool_call, calls))):
+        return ".tool_calls are not a list of function calls with object arguments"
+    call = get("function_call")
+    if call is not None and type(call) is not dict:
+        return ".function_call is not an object"
+    return None
 
 
 def _tool_call(call: Any) -> bool:
@@ -125,14 +134,16 @@ def _odd_usage(usage: Any) -> str | None:
     """What in a completion's usage is not token counts."""
     if usage is None:
         return None
-    if not isinstance(usage, dict):
+    if type(usage) is not dict:
         return "usage is not an object"
-    for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
+    for name in TOKENS:
         if not _count(usage.get(name)):
             return f"usage.{name} is not a whole number"
     for name, counts in DETAILS.items():
-        details = usage.get(name) or {}
-        if not isinstance(details, dict):
+        details = usage.get(name)
+        if not details:
+            continue
+        if type(details) is not dict:
             return f"usage.{name} is not an object"
         odd = next((count for count in counts if not _count(details.get(count))), None)
         if odd:
@@ -141,7 +152,7 @@ def _odd_usage(usage: Any) -> str | None:
 
 
 def _count(value: Any) -> bool:
-    return value is None or (isinstance(value, int) and not isinstance(value, bool))
+    return value is None or type(value) is int  # a bool is not a count
 
 
 def missing_answer(choice: dict[str, Any]) -> str | None:
