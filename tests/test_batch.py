@@ -485,3 +485,16 @@ def test_counts_times_and_errors_it_cannot_read_are_left_out(
     assert {k: float(v["completeness"]) for k, v in judged(tmp_path).items()} == {
         f"q{i}": i / 20 for i in range(N)
     }
+
+
+def test_a_status_in_capitals_is_read_as_one(batch_env: FakeOpenAI, tmp_path: Path) -> None:
+    # Together's Batch API writes COMPLETED: waiting on it for "completed" would never end.
+    exam(tmp_path / "run", 3)
+    batch_env.batch.alter = altering(
+        "GET",
+        "/v1/batches/",
+        lambda batch: HttpReply(200, {**batch, "status": batch["status"].upper()}),
+    )
+    result = judge()
+    assert result.exit_code == 0, result.output
+    assert {row["status"] for row in judged(tmp_path).values()} == {"ok"}

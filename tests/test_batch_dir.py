@@ -24,6 +24,8 @@ from support import (
     run_cli,
 )
 
+from ragexam.stages import replay
+
 N = 10
 WAITING = 75
 
@@ -271,6 +273,13 @@ def test_lines_that_are_not_results_of_ours_are_passed_over_on_every_run(
     assert judge().exit_code == 0  # and again: nothing left to trip over
 
 
+def cut_then_grade(body: dict[str, Any]) -> Reply:
+    """A first ask's reply is cut off at max_tokens; a re-ask's is a grade."""
+    if "cut off" in json.dumps(body):
+        return grade(body, 0.5)
+    return Reply(content='{"reasoning": "' + "very " * 400)
+
+
 def test_the_record_and_cost_cover_every_run_of_the_batch_job(
     env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -279,11 +288,6 @@ def test_the_record_and_cost_cover_every_run_of_the_batch_job(
     monkeypatch.setenv("RAGEXAM_PRICE_INPUT", "2")
     monkeypatch.setenv("RAGEXAM_PRICE_OUTPUT", "8")
     exam(tmp_path / "run", N)
-
-    def cut_then_grade(body: dict[str, Any]) -> Reply:
-        if "cut off" in json.dumps(body):
-            return grade(body, 0.5)
-        return Reply(content='{"reasoning": "' + "very " * 400)  # cut at max_tokens
 
     env.responder = cut_then_grade
     first = judge()
@@ -340,3 +344,66 @@ def test_a_2xx_result_that_is_not_a_completion_is_asked_again_then_an_error_row(
     rows = judged(tmp_path)
     assert rows["q0"]["status"] == "ok" and rows["q1"]["status"] == "error"
     assert rows["q1"]["error"].startswith("the endpoint answered HTTP 204 with a completion")
+
+
+def record_of(tmp_path: Path) -> dict[str, Any]:
+    return json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["judge"]  # type: ignore[no-any-return]
+
+
+def billed_by_rows(tmp_path: Path) -> dict[str, int]:
+    rows = judged(tmp_path).values()
+    return {
+        "prompt": sum(int(row["prompt_tokens"]) for row in rows),
+        "completion": sum(int(row["completion_tokens"]) for row in rows),
+    }
+
+
+def test_stopped_mid_merge_the_rerun_merges_the_rest_ends_at_zero_and_bills_the_job(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exam(tmp_path / "run", N)
+    env.responder = lambda body: grade(body, number(body, "Question") / 20)
+    assert judge().exit_code == WAITING
+    assert run_batch_files(env, tmp_path / "files") == N
+    real, seen = replay.Pass._row, []
+
+    async def ctrl_c_at_the_seventh(self: replay.Pass, task: Any) -> None:
+        seen.append(task.key)
+        if len(seen) == 7:
+            raise KeyboardInterrupt
+        await real(self, task)
+
+    monkeypatch.setattr(replay.Pass, "_row", ctrl_c_at_the_seventh)
+    assert judge().exit_code == 130
+    assert len(judged(tmp_path)) == 6
+    monkeypatch.setattr(replay.Pass, "_row", real)
+    done = judge()
+    assert done.exit_code == 0, done.output  # the rows written before Ctrl-C wait no more
+    assert len(judged(tmp_path)) == N and requests(tmp_path) == []
+    record = record_of(tmp_path)
+    assert record["batch"]["runs"] == 3 and record["batch"]["results_merged"] == N
+    assert record["calls"] == N and record["tokens_billed"] == billed_by_rows(tmp_path)
+    assert judge().exit_code == 0
+
+
+def test_a_job_begun_with_another_model_is_not_billed_as_this_one(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # gpt-4o-mini's first replies are cut off and billed; its re-asks are still out when the
+    # stage goes on with another model: the record bills only what that model's rows cost.
+    exam(tmp_path / "run", 4)
+    env.responder = cut_then_grade
+    assert judge().exit_code == WAITING
+    run_batch_files(env, tmp_path / "files")
+    assert judge().exit_code == WAITING  # the re-asks are out
+    assert record_of(tmp_path)["tokens_billed"]["prompt"] > 0
+    assert judge("--model", "other-model", "--force").exit_code == WAITING
+    for _ in range(3):
+        run_batch_files(env, tmp_path / "files")
+        if (result := judge("--model", "other-model")).exit_code != WAITING:
+            break
+    assert result.exit_code == 0, result.output
+    record = record_of(tmp_path)
+    rows = judged(tmp_path).values()
+    assert {row["model"] for row in rows} == {record["model"]} == {"other-model"}
+    assert record["tokens_billed"] == billed_by_rows(tmp_path)

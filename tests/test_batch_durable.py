@@ -3,6 +3,7 @@ no row twice, loses none, and never merges a result into a row whose input has c
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections import Counter
@@ -27,6 +28,7 @@ from support import (
 from ragexam.io.fingerprint import input_hash
 from ragexam.io.ledger import Ledger
 from ragexam.llm.batchapi import BatchApi
+from ragexam.stages import replay
 from ragexam.stages.runner import Runner
 
 N = 12
@@ -162,3 +164,32 @@ def test_a_result_is_never_merged_into_a_row_whose_input_changed(
     asked = [line.body for line in batch_env.batch_requests if custom_key(line.custom_id) == "q2"]
     assert len(asked) == 2 and "A new answer" in asked[1]["messages"][-1]["content"]
     assert all(n == 1 for key, n in lines_per_row(batch_env).items() if key != "q2")
+
+
+def test_stopped_while_merging_the_rerun_bills_the_whole_job(
+    batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The batch ended and its results came down; Ctrl-C mid-merge. The rerun's record still
+    # covers the job: its batch, its requests and calls, and every token the rows were billed.
+    exam(tmp_path / "run", N)
+    real, seen = replay.Pass._row, []
+
+    async def ctrl_c_at_the_sixth(self: replay.Pass, task: Any) -> None:
+        seen.append(task.key)
+        if len(seen) == N + 6:  # the first pass sends, the second merges
+            raise KeyboardInterrupt
+        await real(self, task)
+
+    monkeypatch.setattr(replay.Pass, "_row", ctrl_c_at_the_sixth)
+    assert run_cli(*JUDGE).exit_code == 130
+    monkeypatch.setattr(replay.Pass, "_row", real)
+    assert run_cli(*JUDGE).exit_code == 0
+    rows = read_csv(tmp_path / "run" / "judgments.csv")
+    record = json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["judge"]
+    assert record["batch"]["runs"] == 2 and record["batch"]["batches"] == 1
+    assert record["batch"]["requests"] == record["calls"] == N
+    assert record["tokens_billed"] == {
+        "prompt": sum(int(row["prompt_tokens"]) for row in rows),
+        "completion": sum(int(row["completion_tokens"]) for row in rows),
+    }
+    assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}

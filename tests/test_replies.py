@@ -133,7 +133,10 @@ UNREADABLE = {
     },
     "message.tool_calls": completion({"content": None, "tool_calls": [{"id": 1}]}),
     "with object arguments": completion(
-        {"content": None, "tool_calls": [{"id": "t", "function": {"name": "f", "arguments": "[]"}}]}
+        {
+            "content": None,
+            "tool_calls": [{"id": "t", "function": {"name": "f", "arguments": "[1]"}}],
+        }
     ),
     "message.function_call": completion({"content": GRADE, "function_call": "grade"}),
 }
@@ -211,3 +214,25 @@ def test_a_structured_reply_json_cannot_read_is_re_asked_then_an_error_row(
     assert rows["q1"]["status"] == "error" and reason in rows["q1"]["error"]
     assert rows["q1"]["attempts"] == "2" and rows["q1"]["completeness"] == ""
     assert rows["q0"]["status"] == rows["q2"]["status"] == "ok"
+
+
+@pytest.mark.parametrize("road", ["sync", "batch"])
+def test_content_as_a_list_of_parts_is_read_as_its_text(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, road: str
+) -> None:
+    # Mistral's reasoning models: a thinking part, then the text. langchain reads it; so do we.
+    monkeypatch.setenv("RAGEXAM_BATCH_POLL", "0.02")
+    exam(tmp_path / "run", 3)
+    thinking = {"type": "thinking", "thinking": [{"type": "text", "text": "Compare them."}]}
+    parts = completion(
+        {"content": [thinking, {"type": "text", "text": GRADE}]},
+        usage={"prompt_tokens": 50, "completion_tokens": 20, "total_tokens": 70},
+    )
+    env.faults = Faults(raw_200_if=lambda text: ("application/json", json.dumps(parts)))
+    options = ["--batch"] if road == "batch" else []
+    result = run_cli("judge", "--out", "run", "--controls", "0", *options)
+    assert result.exit_code == 0, result.output
+    rows = read_csv(tmp_path / "run" / "judgments.csv")
+    assert [(row["status"], row["completeness"], row["attempts"]) for row in rows] == [
+        ("ok", "1.0", "1")
+    ] * 3

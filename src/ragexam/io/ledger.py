@@ -66,7 +66,7 @@ class Ledger:
         self.carry: Path | None = None
         self.seen: dict[Path, tuple[int, int]] = {}
         self.count = 0  # shards ever written: names are numbered on
-        self.job: dict[str, int] = {}  # the batch job's totals, as its last run left them
+        self.job: dict[str, Any] = {}  # the batch job's totals, as its last run left them
         for event in self._events():
             self._apply(event)
 
@@ -128,7 +128,7 @@ class Ledger:
         elif kind == "carry":
             self.carry = self.file(event["file"]) if event.get("file") else None
         elif kind == "job":
-            self.job = {k: int(v) for k, v in event.items() if isinstance(v, int)}
+            self.job = {name: value for name, value in event.items() if name != "event"}
         elif kind == "seen":
             self.seen[self.file(event["file"])] = (int(event["size"]), int(event["mtime_ns"]))
 

@@ -64,7 +64,7 @@ def view_of(batch: Any) -> BatchView:
     counts = getattr(batch, "request_counts", None)
     return BatchView(
         ident,
-        status,
+        status.lower(),  # Together's API says COMPLETED
         _count(counts, "total"),
         _count(counts, "completed"),
         _count(counts, "failed"),

@@ -98,11 +98,12 @@ def _odd_message(message: dict[str, Any]) -> str | None:
     if get("role") != "assistant":
         return f".role is {get('role')!r}, not 'assistant'"
     content, name, known = get("content"), get("name"), get("id")
-    if content is not None and type(content) is not str:
-        return ".content is neither text nor null"
-    for field, value in (("name", name), ("id", known)):
-        if value is not None and type(value) is not str:
-            return f".{field} is not text"
+    if not (content is None or type(content) is str or _parts(content)):
+        return ".content is neither text, a list of parts, nor null"
+    if name is not None and type(name) is not str:
+        return ".name is not text"
+    if not (known is None or type(known) in (str, int)):
+        return ".id is neither text nor a number"
     calls = get("tool_calls")
     if calls is not None and not (type(calls) is list and all(map(_tool_call, calls))):
         return ".tool_calls are not a list of function calls with object arguments"
@@ -112,13 +113,20 @@ def _odd_message(message: dict[str, Any]) -> str | None:
     return None
 
 
+def _parts(content: Any) -> bool:
+    """Content as a list of parts (Mistral's reasoning models: thinking, then text)."""
+    return type(content) is list and all(type(part) in (str, dict) for part in content)
+
+
 def _tool_call(call: Any) -> bool:
     """Whether langchain can read a tool call: a function's name, and arguments that are an
     object as JSON (or not JSON at all: it keeps those as an invalid call)."""
     function = call.get("function") if isinstance(call, dict) else None
     if not (
         isinstance(function, dict)
-        and isinstance(function.get("name"), str)
+        and "name" in function  # langchain reads both, even to keep an invalid call
+        and "arguments" in function
+        and isinstance(function.get("name"), str | None)
         and isinstance(function.get("arguments"), str | None)
         and isinstance(call.get("id"), str | None)
     ):
@@ -127,12 +135,12 @@ def _tool_call(call: Any) -> bool:
         arguments = json.loads(function["arguments"] or "{}", strict=False)
     except (ValueError, RecursionError):
         return True
-    return isinstance(arguments, dict)
+    return not arguments or isinstance(arguments, dict)  # `[]` or `null`: read as no arguments
 
 
 def _odd_usage(usage: Any) -> str | None:
     """What in a completion's usage is not token counts."""
-    if usage is None:
+    if not usage:  # langchain reads `[]` or `{}` as no usage
         return None
     if type(usage) is not dict:
         return "usage is not an object"

@@ -89,7 +89,10 @@ class BatchRoad:
         self.files = folder.batch_files(runner.stage.name)
         self.kind = "dir" if mode.folder is not None else "api"
         self._check_elsewhere()
-        self.out: dict[str, int] = outstanding(self.ledger)
+        done = runner.finished()  # rows written since their requests went out: wait no more
+        self.out = {
+            key: request for key, request in outstanding(self.ledger).items() if key not in done
+        }
         runner.log.hold()  # a row lost to a kill is merged again: its results stay till then
         self.before = self._job_so_far()
         self.rounds = self.sent = self.merged = self.batches = 0
@@ -98,11 +101,18 @@ class BatchRoad:
         self.waiting = 0
 
     def _job_so_far(self) -> dict[str, int]:
-        """What the runs before this one did of the batch job this run goes on with (nothing,
-        when no request is out): the stage's record covers the job, from the run that wrote
-        its first requests to the one that merges its last results. Its model's calls and
-        tokens start from them."""
-        before = dict(self.ledger.job) if self.out or self.ledger.carry else {}
+        """What the runs before this one did of the batch job this run goes on with: the
+        stage's record covers the job, from the run that wrote its first requests to the one
+        that merged its last results. Its model's calls and tokens start from them. Nothing,
+        when the last run ended the job, or made it with another model or prompt (priced
+        apart, those would be priced as this one)."""
+        job, stage = self.ledger.job, self.runner.stage
+        same = (job.get("model"), job.get("prompt_hash")) == (stage.model, stage.prompt_hash)
+        before = {
+            name: value
+            for name, value in job.items()
+            if same and not job.get("ended") and type(value) is int
+        }
         llm = self.plan.llm  # type: ignore[attr-defined]  # drive checked it has one
         llm.pacer.traffic.calls += before.get("calls", 0)
         llm.tokens[0] += before.get("prompt", 0)
@@ -112,11 +122,12 @@ class BatchRoad:
     def close_job(self) -> None:
         """Record the batch job's totals so far, for the run that goes on with it."""
         llm = self.plan.llm  # type: ignore[attr-defined]
-        totals = self.record()
+        totals, stage = self.record(), self.runner.stage
         counts = {name: totals[name] for name in COUNTED}
-        self.ledger.record(
-            "job", calls=llm.calls, prompt=llm.tokens[0], completion=llm.tokens[1], **counts
-        )
+        counts |= {"calls": llm.calls, "prompt": llm.tokens[0], "completion": llm.tokens[1]}
+        ended = not self.out and self.ledger.carry is None  # nothing out, nothing carried
+        made = {"model": stage.model, "prompt_hash": stage.prompt_hash}
+        self.ledger.record("job", **counts, **made, ended=ended)
 
     def _check_elsewhere(self) -> None:
         """Refuse to run while requests of the stage are out by the other way."""
@@ -144,10 +155,12 @@ class BatchRoad:
         self.note("merging results and writing requests")
         done = self.runner.finished()
         index = ResultIndex(self.tag, results_of(self.ledger, fresh), done)
-        self.merged += index.fresh
         folders = (requests, self.files)
         passed = Pass(self.runner, self.plan, self.ledger, index, self.out, folders, self.kind)
-        await passed.run(done)
+        try:
+            await passed.run(done)
+        finally:
+            self.merged += index.fresh  # the new results read: a rerun reads the others
         self.sent += passed.sent
         self.direct = [self.direct[0] + passed.rendered, self.direct[1] + passed.read]
         self.shards += [shard.name for shard in passed.shards]

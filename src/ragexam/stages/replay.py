@@ -64,7 +64,7 @@ class ResultIndex:
 
     def __init__(self, tag: str, files: list[tuple[Path, bool]], done: set[str]) -> None:
         self.files = files  # (path, fresh): fresh files are new to this run, carried ones not
-        self.fresh = 0  # lines of fresh files indexed: results new to this run
+        self.fresh = 0  # lines of fresh files read: results new to this run
         self._where: dict[str, int | list[int]] = {}
         self._spans: list[Spans] = []
         for number, (path, _) in enumerate(files):
@@ -76,7 +76,6 @@ class ResultIndex:
             parsed = parse_custom_id(identifier)
             if parsed is None or parsed[0] != tag or parsed[3] in done:
                 continue  # another stage's, or a row already written
-            self.fresh += self.files[number][1]
             location = (number << (_OFFSET_BITS + _LENGTH_BITS)) | (offset << _LENGTH_BITS) | length
             known = self._where.get(parsed[3])
             if known is None:
@@ -116,6 +115,7 @@ class ResultIndex:
         number = location >> (_OFFSET_BITS + _LENGTH_BITS)
         offset = (location >> _LENGTH_BITS) & ((1 << _OFFSET_BITS) - 1)
         line = self._spans[number].read(offset, location & ((1 << _LENGTH_BITS) - 1))
+        self.fresh += self.files[number][1]
         answer = parse_answer(line)
         parsed = parse_custom_id(answer.custom_id) if answer else None
         if answer is None or parsed is None:
