@@ -498,3 +498,21 @@ def test_a_status_in_capitals_is_read_as_one(batch_env: FakeOpenAI, tmp_path: Pa
     result = judge()
     assert result.exit_code == 0, result.output
     assert {row["status"] for row in judged(tmp_path).values()} == {"ok"}
+
+
+def test_a_state_the_batch_api_does_not_have_is_waited_out_and_said_once(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    exam(tmp_path / "run", 3)
+    looks: list[int] = []
+
+    def paused_at_first(batch: dict[str, Any]) -> HttpReply:
+        looks.append(1)
+        return HttpReply(200, {**batch, "status": "paused"} if len(looks) <= 4 else batch)
+
+    batch_env.batch.alter = altering("GET", "/v1/batches/", paused_at_first)
+    result = judge()
+    assert result.exit_code == 0, result.output
+    said = [line for line in result.output.splitlines() if "'paused'" in line]
+    assert len(said) == 1 and "a state OpenAI's Batch API does not have" in said[0]
+    assert len(looks) > 4 and {row["status"] for row in judged(tmp_path).values()} == {"ok"}

@@ -14,6 +14,7 @@ to its rows.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,10 +22,14 @@ from typing import TYPE_CHECKING
 from ragexam.errors import EndpointError
 from ragexam.io.batchfiles import read_ids, refused_line, scan_results, unrun_line
 from ragexam.io.ledger import ShardState
-from ragexam.llm.batchapi import BatchApi, BatchView
+from ragexam.llm.batchapi import TERMINAL, BatchApi, BatchView
 
 if TYPE_CHECKING:
     from ragexam.stages.batch import BatchRoad
+
+logger = logging.getLogger("ragexam")
+# The states of OpenAI's Batch object; another one is waited on, once said.
+KNOWN = ("validating", "in_progress", "finalizing", "cancelling", *TERMINAL)
 
 QUEUE_FULL = "token_limit_exceeded"  # the Batch API's "try again once some batches are done"
 FIRST_POLL = 0.5  # seconds before the first look at a new batch; doubled up to the poll setting
@@ -61,6 +66,7 @@ class Waiter:
         self.unsure = {s.name for s in road.ledger.waiting() if s.file_id and not s.batch_id}
         self.refusals: dict[str, int] = {}
         self.pause_until = 0.0  # after a full queue, no submission before this
+        self.unknown: set[str] = set()  # states met that OpenAI's Batch API does not have
 
     async def submit(self) -> None:
         """Upload and submit every waiting shard that has no batch yet."""
@@ -101,6 +107,7 @@ class Waiter:
                 views = []
             else:
                 failures = 0
+            self._say_unknown(views)
             ended = [(s, v) for s, v in zip(shards, views, strict=False) if v.ended]
             self.road.note(_waiting(views, shards), views)
             if ended:
@@ -109,6 +116,18 @@ class Waiter:
                 return
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.poll)
+
+    def _say_unknown(self, views: list[BatchView]) -> None:
+        """Say once of each state the Batch API does not have that ragexam waits it out (a log
+        of a background run would otherwise show a wait with no end in sight)."""
+        for view in views:
+            if view.status not in KNOWN and view.status not in self.unknown:
+                self.unknown.add(view.status)
+                logger.warning(
+                    f"batch {view.id} is {view.status!r}, a state OpenAI's Batch API does not "
+                    f"have: ragexam waits until it is one of {', '.join(TERMINAL)} (Ctrl-C "
+                    "leaves the batch running; the same command reattaches to it)"
+                )
 
     async def collect(self, shard: ShardState, view: BatchView) -> None:
         """The results an ended batch left, one line for every request it was sent."""
