@@ -43,6 +43,18 @@ def requests(tmp_path: Path) -> list[dict[str, Any]]:
     ]
 
 
+def by_question(body: dict[str, Any]) -> Any:
+    """Question #i is graded i/20 complete."""
+    return grade(body, number(body, "Question") / 20)
+
+
+def graded_by_question(rows: dict[str, dict[str, str]]) -> bool:
+    """Whether every row is there, graded as `by_question` grades it."""
+    return {key: float(row["completeness"]) for key, row in rows.items()} == {
+        f"q{i}": i / 20 for i in range(N)
+    }
+
+
 def judged(tmp_path: Path) -> dict[str, dict[str, str]]:
     path = tmp_path / "run" / "judgments.csv"
     return {row["qa_id"]: row for row in read_csv(path)} if path.exists() else {}
@@ -53,7 +65,7 @@ def test_the_loop_writes_requests_merges_results_and_ends_at_zero(
     env: FakeOpenAI, tmp_path: Path, shape: str
 ) -> None:
     exam(tmp_path / "run", N)
-    env.responder = lambda body: grade(body, number(body, "Question") / 20)
+    env.responder = by_question
     first = judge()
     assert first.exit_code == WAITING, first.output
     assert "Waiting:" in first.output and f"{N} requests wait" in first.output
@@ -70,9 +82,7 @@ def test_the_loop_writes_requests_merges_results_and_ends_at_zero(
     done = judge()
     assert done.exit_code == 0, done.output
     rows = judged(tmp_path)
-    assert {k: float(v["completeness"]) for k, v in rows.items()} == {
-        f"q{i}": i / 20 for i in range(N)
-    }
+    assert graded_by_question(rows)
     assert requests(tmp_path) == []  # answered files move to requests/done/
     assert len(list((tmp_path / "files" / "requests" / "done").glob("*.jsonl"))) == 1
 
@@ -237,16 +247,14 @@ def test_a_result_file_that_begins_with_a_byte_order_mark_is_merged_whole(
 ) -> None:
     # A tool on Windows may write its output as "UTF-8 with BOM": the first line is read too.
     exam(tmp_path / "run", N)
-    env.responder = lambda body: grade(body, number(body, "Question") / 20)
+    env.responder = by_question
     assert judge().exit_code == WAITING
     assert run_batch_files(env, tmp_path / "files") == N
     (result,) = (tmp_path / "files" / "results").glob("*.jsonl")
     result.write_bytes(b"\xef\xbb\xbf" + result.read_bytes())
     done = judge()
     assert done.exit_code == 0, done.output
-    assert {k: float(v["completeness"]) for k, v in judged(tmp_path).items()} == {
-        f"q{i}": i / 20 for i in range(N)
-    }
+    assert graded_by_question(judged(tmp_path))
 
 
 def test_lines_that_are_not_results_of_ours_are_passed_over_on_every_run(
@@ -255,7 +263,7 @@ def test_lines_that_are_not_results_of_ours_are_passed_over_on_every_run(
     # A custom_id whose call number is a Unicode digit ("²" passes isdigit), and a line nested
     # deeper than Python parses under an id of ours: neither is a result; the rest merge.
     exam(tmp_path / "run", N)
-    env.responder = lambda body: grade(body, number(body, "Question") / 20)
+    env.responder = by_question
     assert judge().exit_code == WAITING
     ours = requests(tmp_path)[0]["custom_id"]
     tag, _, digest, key = ours.split("~")
@@ -267,9 +275,7 @@ def test_lines_that_are_not_results_of_ours_are_passed_over_on_every_run(
     assert run_batch_files(env, tmp_path / "files") == N
     done = judge()
     assert done.exit_code == 0, done.output
-    assert {k: float(v["completeness"]) for k, v in judged(tmp_path).items()} == {
-        f"q{i}": i / 20 for i in range(N)
-    }
+    assert graded_by_question(judged(tmp_path))
     assert judge().exit_code == 0  # and again: nothing left to trip over
 
 
@@ -362,7 +368,7 @@ def test_stopped_mid_merge_the_rerun_merges_the_rest_ends_at_zero_and_bills_the_
     env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     exam(tmp_path / "run", N)
-    env.responder = lambda body: grade(body, number(body, "Question") / 20)
+    env.responder = by_question
     assert judge().exit_code == WAITING
     assert run_batch_files(env, tmp_path / "files") == N
     real, seen = replay.Pass._row, []
