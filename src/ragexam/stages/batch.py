@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 import openai
 
 from ragexam.config import Settings
-from ragexam.errors import ConfigError, EndpointError
+from ragexam.errors import ConfigError, EndpointError, OutputFileError
 from ragexam.io.batchfiles import parse_custom_id, read_ids
 from ragexam.io.ledger import Ledger, ShardState
 from ragexam.io.runfolder import RunFolder
@@ -66,14 +67,18 @@ async def drive(mode: BatchMode, runner: Runner, plan: Plan, progress: Progress 
     if getattr(plan, "llm", None) is None:
         raise ConfigError("this stage makes no chat call of ragexam's own: it cannot be batched")
     road = BatchRoad(mode, runner, plan, progress)
+    stopped = True
     try:
         if mode.folder is not None:
             await road.files_round(mode.folder)
         else:
             await api_rounds(road)
+        stopped = False
     finally:
         runner.outcome.batch = road.record()
-        road.close_job()
+        # stopped (Ctrl-C, a full disk...): the error that stopped the road is the one to show
+        with suppress(OutputFileError) if stopped else nullcontext():
+            road.close_job()
 
 
 class BatchRoad:
