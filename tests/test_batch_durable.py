@@ -12,10 +12,11 @@ from typing import Any
 
 import openai
 import pytest
-from openai_server import FakeOpenAI
+from openai_server import FakeOpenAI, Reply
 from support import (
     custom_key,
     exam,
+    grade,
     kill_midway,
     ledger_events,
     read_csv,
@@ -193,3 +194,43 @@ def test_stopped_while_merging_the_rerun_bills_the_whole_job(
         "completion": sum(int(row["completion_tokens"]) for row in rows),
     }
     assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}
+
+
+def cut_then_grade(body: dict[str, Any]) -> Reply:
+    """A first ask's reply is cut off at max_tokens; a re-ask's is a grade."""
+    if "cut off" in json.dumps(body):
+        return grade(body, 0.5)
+    return Reply(content='{"reasoning": "' + "very " * 400)
+
+
+@pytest.mark.slow
+def test_killed_while_it_waits_on_its_re_asks_the_rerun_bills_the_whole_job(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # The first batch's cut-off replies are merged (and billed), the re-asks go out in a
+    # second batch; kill -9 while it waits on that one. The rerun's record bills both.
+    batch_env.batch.manual = True
+    batch_env.responder = cut_then_grade
+    exam(tmp_path / "run", N)
+    process = start_cli(*JUDGE)
+    ledger = tmp_path / "run" / "batches" / "judge.jsonl"
+
+    def submitted() -> int:
+        return sum(event["event"] == "submitted" for event in ledger_events(ledger))
+
+    wait_until(lambda: submitted() == 1)
+    batch_env.advance_batches(N + 3)  # validated, every line run, finalized: it ends
+    wait_until(lambda: submitted() == 2)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    batch_env.batch.manual = False
+    result = run_cli(*JUDGE)
+    assert result.exit_code == 0, result.output
+    rows = read_csv(tmp_path / "run" / "judgments.csv")
+    assert len(rows) == N and {row["attempts"] for row in rows} == {"2"}
+    record = json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["judge"]
+    assert record["batch"]["batches"] == 2 and record["calls"] == 2 * N
+    assert record["tokens_billed"] == {
+        "prompt": sum(int(row["prompt_tokens"]) for row in rows),
+        "completion": sum(int(row["completion_tokens"]) for row in rows),
+    }

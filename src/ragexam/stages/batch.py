@@ -125,7 +125,8 @@ class BatchRoad:
         return before
 
     def close_job(self) -> None:
-        """Record the batch job's totals so far, for the run that goes on with it."""
+        """Record the batch job's totals so far, for the run that goes on with it (after each
+        round, and on the way out)."""
         llm = self.plan.llm  # type: ignore[attr-defined]
         totals, stage = self.record(), self.runner.stage
         counts = {name: totals[name] for name in COUNTED}
@@ -169,6 +170,7 @@ class BatchRoad:
         self.sent += passed.sent
         self.direct = [self.direct[0] + passed.rendered, self.direct[1] + passed.read]
         self.shards += [shard.name for shard in passed.shards]
+        self.close_job()  # killed while it waits on the batches of this round: the job is kept
         self.tidy()
         return passed
 

@@ -72,9 +72,12 @@ class Waiter:
         """Upload and submit every waiting shard that has no batch yet."""
         if time.monotonic() < self.pause_until:
             return
+        made = self.road.batches
         for shard in self.road.ledger.waiting():
             if shard.batch_id is None:
                 await self._submit(shard)
+        if self.road.batches > made:
+            self.road.close_job()  # the batches made count, should the run be killed now
 
     async def _submit(self, shard: ShardState) -> None:
         ledger = self.road.ledger
