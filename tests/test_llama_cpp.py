@@ -61,6 +61,7 @@ def _wait_for(base_url: str, server: subprocess.Popen[bytes]) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # a real model on the CPU, after up to STARTUP_SECONDS of loading
 def test_ragexam_run_against_llama_cpp(
     env: FakeOpenAI, llama_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

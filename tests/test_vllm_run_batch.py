@@ -19,6 +19,7 @@ VLLM = os.environ.get("RAGEXAM_TEST_VLLM", "")
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # vLLM starts in ~25 s here; a slower machine may take minutes
 def test_the_batch_dir_loop_with_a_real_vllm_run_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
