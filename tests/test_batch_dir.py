@@ -215,6 +215,12 @@ def test_run_stops_at_the_first_stage_that_waits(env: FakeOpenAI, tmp_path: Path
     assert stages == [["generate"], ["answer"], ["judge"], []]
     assert result.exit_code == 0 and (tmp_path / "run" / "summary.csv").exists()
     assert env.count() == 0  # every chat call went through the files
+    # each trip round the loop found the stages before its own finished: their records
+    # (and the run's total) still bill their batch jobs
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    for stage in ("generate", "answer", "judge"):
+        record = manifest["stages"][stage]
+        assert record["calls"] > 0 and record["tokens_billed"]["prompt"] > 0, stage
 
 
 def test_requests_out_in_a_folder_are_collected_from_it_not_elsewhere(
@@ -225,9 +231,10 @@ def test_requests_out_in_a_folder_are_collected_from_it_not_elsewhere(
     other = run_cli("judge", "--out", "run", "--controls", "0", "--batch")
     assert other.exit_code == 2 and "rerun with --batch-dir" in other.output
     assert not env.batch_requests
-    sync = run_cli("judge", "--out", "run", "--controls", "0")
-    assert sync.exit_code == 0
-    assert "3 requests are still out in batches" in sync.output  # said: it pays for them again
+    sync = run_cli("judge", "--out", "run", "--controls", "0")  # it would pay for them again
+    assert sync.exit_code == 2 and "3 requests of judge are out in" in sync.output
+    assert "rerun with --batch-dir" in sync.output and env.count() == 0
+    assert not (tmp_path / "run" / "judgments.csv").exists() or not judged(tmp_path)
 
 
 def test_harder_questions_are_refused_on_the_batch_road_before_any_call(

@@ -234,3 +234,20 @@ def test_killed_while_it_waits_on_its_re_asks_the_rerun_bills_the_whole_job(
         "prompt": sum(int(row["prompt_tokens"]) for row in rows),
         "completion": sum(int(row["completion_tokens"]) for row in rows),
     }
+
+
+def test_the_sync_road_refuses_while_requests_are_out_in_batches(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    batch_env.batch.manual = True  # the batch stays in flight
+    exam(tmp_path / "run", N)
+    with pytest.MonkeyPatch.context() as patch:
+        interrupt_at(patch, BatchApi, "retrieve", lambda *_: True)  # Ctrl-C once it waits
+        assert run_cli(*JUDGE).exit_code == 130
+    sync = run_cli("judge", "--out", "run", "--controls", "0")
+    assert sync.exit_code == 2, sync.output
+    assert f"{N} requests of judge are out in a batch" in sync.output
+    assert "rerun with --batch" in sync.output and batch_env.count() == 0
+    batch_env.batch.manual = False
+    assert run_cli(*JUDGE).exit_code == 0  # collected, as it says
+    assert all_ok(tmp_path) and lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}

@@ -14,9 +14,13 @@ named otherwise on the next run; others (a --batch-dir) are recorded resolved.
     resubmit   its batch was refused for now (the queue was full): submit the file again
     ended      its batch ended (status), its results are on disk (files)
     resolved   every line has a result: its rows are no longer in flight
-    merged     result files whose lines are spent: rows were written from them
-    carry      the file of results kept for rows that wait on a later call
-    seen       a result file of --batch-dir's, merged as it was (size, mtime)
+    merged     one pass done: the result files whose lines are spent (rows were written from
+               them), the file of results carried to a later pass, the --batch-dir files
+               merged as they were (size, mtime), and the batch job's totals, all in one
+               event, so that a kill leaves all of them recorded or none
+    job        the batch job's totals (they ride on `submitted` and `merged` too)
+
+Older ledgers have `carry` and `seen` as events of their own: they are read as before.
 """
 
 from __future__ import annotations
@@ -86,7 +90,8 @@ class Ledger:
     def record(self, event: str, **values: Any) -> None:
         """Append one event, on disk before this returns."""
         entry = {"event": event, **{name: self._out(value) for name, value in values.items()}}
-        data = (json.dumps(entry, default=str, ensure_ascii=False) + "\n").encode()
+        # ASCII: a path's undecodable bytes (surrogates) are escaped, and read back the same
+        data = (json.dumps(entry, default=str) + "\n").encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             with self.path.open("ab") as handle:
@@ -125,12 +130,18 @@ class Ledger:
             SHARD_EVENTS[kind](self, shard, event)
         elif kind == "merged":
             self.merged.update(self.file(item) for item in event["files"])
-        elif kind == "carry":
+            for file, size, mtime in event.get("seen", []):
+                self.seen[self.file(file)] = (int(size), int(mtime))
+            if "carry" in event:
+                self.carry = self.file(event["carry"]) if event["carry"] else None
+        elif kind == "carry":  # older ledgers: an event of its own
             self.carry = self.file(event["file"]) if event.get("file") else None
-        elif kind == "job":
-            self.job = {name: value for name, value in event.items() if name != "event"}
-        elif kind == "seen":
+        elif kind == "seen":  # older ledgers: an event of its own
             self.seen[self.file(event["file"])] = (int(event["size"]), int(event["mtime_ns"]))
+        if kind == "job":
+            self.job = {name: value for name, value in event.items() if name != "event"}
+        elif isinstance(event.get("job"), dict):
+            self.job = event["job"]
 
     def next_name(self) -> str:
         """The name of the next shard: `judge-000001`, numbered on across reruns.

@@ -290,6 +290,18 @@ class LLM:
             return None
         return Reply(value, prompt_tokens, completion_tokens, 1, 0.0, content)
 
+    def billed(self, answer: Answer) -> None:
+        """Count a batch result no row of this run reads (its row was written by a run
+        stopped before it recorded the result spent; or is left out of this run, and the
+        result carried): a call, and the tokens its usage says, as `_count` counts one."""
+        self.pacer.traffic.calls += 1
+        body = answer.body if answer.status == 200 and isinstance(answer.body, dict) else {}
+        usage = body.get("usage")
+        if isinstance(usage, dict):
+            for index, name in enumerate(("prompt_tokens", "completion_tokens")):
+                if type(usage.get(name)) is int:
+                    self.tokens[index] += usage[name]
+
     def booked(self, reply: Reply[Any], fresh: bool) -> None:
         """Count a reply `read_first` read, as `structured` counts one: a call and its tokens
         when this run is the first to read it, and a valid reply under the method in use."""

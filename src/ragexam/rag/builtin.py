@@ -86,8 +86,10 @@ class BuiltinRag(RagSystem):
         return {**super().describe(), "embedding_endpoint": self.retriever.embedder.endpoint}
 
     def figures(self) -> dict[str, Any]:
-        """Chat calls made."""
-        return {"calls": self.llm.calls}
+        """Chat calls made, and the tokens billed (on the batch road: its job's, from every
+        run of it, which the rows of this run alone do not tell)."""
+        figures = self.llm.figures()
+        return {name: figures[name] for name in ("calls", "tokens_billed")}
 
     async def aclose(self) -> None:
         """Close the chat model's and the embedder's connections, and the store's client."""

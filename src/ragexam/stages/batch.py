@@ -11,9 +11,9 @@ out in a later round, within the same retry budget as on the sync road.
 
 from __future__ import annotations
 
+import math
 import shutil
 from collections.abc import Iterator
-from contextlib import nullcontext, suppress
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -22,7 +22,7 @@ from typing import Any
 import openai
 
 from ragexam.config import Settings
-from ragexam.errors import ConfigError, EndpointError, OutputFileError
+from ragexam.errors import ConfigError, EndpointError
 from ragexam.io.batchfiles import parse_custom_id, read_ids
 from ragexam.io.ledger import Ledger, ShardState
 from ragexam.io.runfolder import RunFolder
@@ -30,7 +30,7 @@ from ragexam.llm.transport import routable
 from ragexam.options import Given
 from ragexam.stages.batchwait import api_rounds
 from ragexam.stages.replay import Pass, ResultIndex, outstanding, results_of, token
-from ragexam.stages.runner import Plan, Progress, Runner, RunSettings
+from ragexam.stages.runner import Plan, Progress, Runner, RunSettings, batches_out
 
 MAX_ROUNDS = 200  # passes in one run: far above what retries and samples need; a loop is a bug
 COUNTED = (  # the road's counts, summed over the runs of a batch job
@@ -67,18 +67,14 @@ async def drive(mode: BatchMode, runner: Runner, plan: Plan, progress: Progress 
     if getattr(plan, "llm", None) is None:
         raise ConfigError("this stage makes no chat call of ragexam's own: it cannot be batched")
     road = BatchRoad(mode, runner, plan, progress)
-    stopped = True
     try:
         if mode.folder is not None:
             await road.files_round(mode.folder)
         else:
             await api_rounds(road)
-        stopped = False
+        road.close_job()  # a stopped run records nothing more: a rerun goes on from its events
     finally:
         runner.outcome.batch = road.record()
-        # stopped (Ctrl-C, a full disk...): the error that stopped the road is the one to show
-        with suppress(OutputFileError) if stopped else nullcontext():
-            road.close_job()
 
 
 class BatchRoad:
@@ -99,59 +95,79 @@ class BatchRoad:
             key: request for key, request in outstanding(self.ledger).items() if key not in done
         }
         runner.log.hold()  # a row lost to a kill is merged again: its results stay till then
-        self.before = self._job_so_far()
-        self.rounds = self.sent = self.merged = self.batches = 0
+        self.rounds = self.sent = self.merged = self.batches = self.written = 0
         self.direct = [0, 0]  # first requests rendered, and first results read, directly
         self.shards: list[str] = []  # written this run
         self.waiting = 0
+        self.runs = 1  # this run counts among the job's (not when it only shows an ended one)
+        self.before: dict[str, Any] = {}
+        self.ended: dict[str, Any] = {}  # the job the last run ended, for a run with no work
+        self._job_so_far()
 
-    def _job_so_far(self) -> dict[str, int]:
+    def _job_so_far(self) -> None:
         """What the runs before this one did of the batch job this run goes on with: the
         stage's record covers the job, from the run that wrote its first requests to the one
         that merged its last results. Its model's calls and tokens start from them. Nothing,
         when the last run ended the job, or made it with another model or prompt (priced
-        apart, those would be priced as this one)."""
+        apart, those would be priced as this one). A run that goes on with a job counts
+        among its runs from the start, should it be stopped before it records any work."""
         job, stage = self.ledger.job, self.runner.stage
-        same = (job.get("model"), job.get("prompt_hash")) == (stage.model, stage.prompt_hash)
-        before = {
-            name: value
-            for name, value in job.items()
-            if same and not job.get("ended") and type(value) is int
+        if (job.get("model"), job.get("prompt_hash")) != (stage.model, stage.prompt_hash):
+            return
+        figures = {
+            name: value for name, value in job.items() if type(value) is int or name == "began"
         }
+        if job.get("ended"):
+            self.ended = figures
+            return
+        self._go_on(figures)
+        self.ledger.record("job", **self.totals())
+
+    def _go_on(self, before: dict[str, Any]) -> None:
+        """Count the runs before this one of the job in its figures."""
+        self.before = before
         llm = self.plan.llm  # type: ignore[attr-defined]  # drive checked it has one
         llm.pacer.traffic.calls += before.get("calls", 0)
         llm.tokens[0] += before.get("prompt", 0)
         llm.tokens[1] += before.get("completion", 0)
-        return before
+
+    def totals(self, carried: bool | None = None, made: float | None = None) -> dict[str, Any]:
+        """The batch job's totals so far, as the ledger keeps them for the run that goes on
+        with it: they ride on the event of each step that changes them (a batch made, a pass
+        merged), so that a kill leaves the step and its totals recorded, or neither. Ended:
+        nothing out, and no result carried (`carried`: the pass about to record its own;
+        `made`: when the batch about to be recorded was made)."""
+        llm = self.plan.llm  # type: ignore[attr-defined]
+        record, stage = self.record(), self.runner.stage
+        counts = {name: record[name] for name in COUNTED}
+        counts |= {"calls": llm.calls, "prompt": llm.tokens[0], "completion": llm.tokens[1]}
+        carried = self.ledger.carry is not None if carried is None else carried
+        started = self._span()[0] + ([made] if made is not None else [])
+        began = {"began": min(started)} if started else {}
+        by = {"model": stage.model, "prompt_hash": stage.prompt_hash}
+        return {**counts, **began, **by, "ended": not self.out and not carried}
 
     def close_job(self) -> None:
-        """Record the batch job's totals so far, for the run that goes on with it (after each
-        round, and on the way out)."""
-        llm = self.plan.llm  # type: ignore[attr-defined]
-        totals, stage = self.record(), self.runner.stage
-        counts = {name: totals[name] for name in COUNTED}
-        counts |= {"calls": llm.calls, "prompt": llm.tokens[0], "completion": llm.tokens[1]}
-        ended = not self.out and self.ledger.carry is None  # nothing out, nothing carried
-        made = {"model": stage.model, "prompt_hash": stage.prompt_hash}
-        self.ledger.record("job", **counts, **made, ended=ended)
+        """Record the batch job's totals at the end of a run: whether the job ended. A run
+        that found nothing to do (a rerun of a finished stage, as the --batch-dir loop of
+        `run` makes) shows the job the last run ended: the stage's record stays its cost."""
+        idle = not (self.sent or self.merged or self.batches or self.written)
+        if idle and self.ended and not self.before:
+            self.runs = 0
+            self._go_on(self.ended)
+        self.ledger.record("job", **self.totals())
 
     def _check_elsewhere(self) -> None:
         """Refuse to run while requests of the stage are out by the other way."""
         other = [shard for shard in self.ledger.waiting() if shard.mode != self.kind]
-        if not other:
-            return
-        where = (
-            "in a batch of the endpoint's Batch API: rerun with --batch"
-            if other[0].mode == "api"
-            else f"in {other[0].path.parent}: rerun with --batch-dir {other[0].path.parent.parent}"
-        )
-        raise ConfigError(
-            f"{sum(shard.lines for shard in other)} requests of {self.tag} are out {where} to "
-            f"collect their results (or delete {self.ledger.path} to forget them, unpaid or not)"
-        )
+        if other:
+            raise batches_out(self.ledger, other)
 
-    async def round(self, requests: Path, fresh: list[Path]) -> Pass:
-        """One pass: merge these result files (and the carried ones), send what is left."""
+    async def round(
+        self, requests: Path, fresh: list[Path], seen: list[list[Any]] | None = None
+    ) -> Pass:
+        """One pass: merge these result files (and the carried ones), send what is left.
+        `seen`: the --batch-dir files read, as they were before the pass read them."""
         if self.rounds >= MAX_ROUNDS:
             raise EndpointError(
                 f"{self.tag}: rows still wait after {self.rounds} rounds of batches in one "
@@ -160,19 +176,33 @@ class BatchRoad:
         self.rounds += 1
         self.note("merging results and writing requests")
         done = self.runner.finished()
-        index = ResultIndex(self.tag, results_of(self.ledger, fresh), done)
+        index = ResultIndex(self.tag, results_of(self.ledger, fresh), done, self.ledger.merged)
         folders = (requests, self.files)
         passed = Pass(self.runner, self.plan, self.ledger, index, self.out, folders, self.kind)
+        passed.commit = partial(self._commit, seen or [])
         try:
             await passed.run(done)
         finally:
-            self.merged += index.fresh  # the new results read: a rerun reads the others
-        self.sent += passed.sent
-        self.direct = [self.direct[0] + passed.rendered, self.direct[1] + passed.read]
-        self.shards += [shard.name for shard in passed.shards]
-        self.close_job()  # killed while it waits on the batches of this round: the job is kept
+            self._count(passed)  # a pass stopped midway: what it did, for this run's record
         self.tidy()
         return passed
+
+    def _commit(self, seen: list[list[Any]], passed: Pass) -> dict[str, Any]:
+        """What the pass's `merged` event records beside its files: the files of --batch-dir
+        read, and the job's totals, the pass's counted in."""
+        self._count(passed)
+        return {"seen": seen, "job": self.totals(carried=passed.carried)}
+
+    def _count(self, passed: Pass) -> None:
+        """Count a pass's figures in this run's, once."""
+        if passed.counted:
+            return
+        passed.counted = True
+        self.merged += passed.index.fresh  # the new results read: a rerun reads the others
+        self.sent += passed.sent
+        self.written += passed.written
+        self.direct = [self.direct[0] + passed.rendered, self.direct[1] + passed.read]
+        self.shards += [shard.name for shard in passed.shards]
 
     def tidy(self) -> None:
         """Delete ragexam's own files that nothing needs any more: spent results, and the
@@ -188,12 +218,11 @@ class BatchRoad:
         """--batch-dir: merge DIR/results, write DIR/requests, and count what still waits."""
         self.plan_calls_nothing()
         new = self._new_results(folder)
-        await self.round(folder / "requests", new)
+        # as they are before the pass reads them: lines the engine adds meanwhile are read next run
+        seen = [[path, *_identity(path)] for path in new]
+        await self.round(folder / "requests", new, seen)
         if self.out:  # where the engine writes its results: `vllm run-batch -o` makes no folder
             (folder / "results").mkdir(parents=True, exist_ok=True)
-        for path in new:
-            size, mtime = _identity(path)
-            self.ledger.record("seen", file=path, size=size, mtime_ns=mtime)
         self.resolve(folder / "requests" / "done")
         self.waiting = len(self.out)
 
@@ -224,13 +253,25 @@ class BatchRoad:
         if self.progress is not None:
             self.progress.batches(views or [], f"{self.tag}: {text}")
 
+    def _span(self) -> tuple[list[float], list[float]]:
+        """When the job's batches were made, and when they ended: those of the shards written
+        this run, and of those made since the job's first batch (an earlier run's)."""
+        began = _at(self.before.get("began"))
+        since = math.inf if began is None else began
+        ours = [
+            shard
+            for shard in self.ledger.shards.values()
+            if shard.submitted_at is not None
+            and (shard.name in self.shards or shard.submitted_at >= since)
+        ]
+        started = [shard.submitted_at for shard in ours if shard.submitted_at is not None]
+        return started, [shard.ended_at for shard in ours if shard.ended_at is not None]
+
     def record(self) -> dict[str, Any]:
         """The road's figures, for the manifest and the summary: the batch job's so far."""
-        shards = self.ledger.shards.values()
-        started = [s.submitted_at for s in shards if s.submitted_at and s.name in self.shards]
-        ended = [s.ended_at for s in shards if s.ended_at and s.name in self.shards]
+        started, ended = self._span()
         this_run = {
-            "runs": 1,
+            "runs": self.runs,
             "rounds": self.rounds,
             "requests": self.sent,
             "results_merged": self.merged,
@@ -247,6 +288,10 @@ class BatchRoad:
             "seconds": round(max(ended) - min(started), 3) if started and ended else None,
             "waiting": self.waiting,
         }
+
+
+def _at(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _requests(shard: ShardState) -> Iterator[tuple[str, int]]:

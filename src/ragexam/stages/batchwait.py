@@ -72,12 +72,9 @@ class Waiter:
         """Upload and submit every waiting shard that has no batch yet."""
         if time.monotonic() < self.pause_until:
             return
-        made = self.road.batches
         for shard in self.road.ledger.waiting():
             if shard.batch_id is None:
                 await self._submit(shard)
-        if self.road.batches > made:
-            self.road.close_job()  # the batches made count, should the run be killed now
 
     async def _submit(self, shard: ShardState) -> None:
         ledger = self.road.ledger
@@ -91,7 +88,9 @@ class Waiter:
             metadata = {"ragexam_shard": shard.name}
             found = await self.api.create(shard.file_id, shard.url, metadata)
             self.road.batches += 1
-        ledger.record("submitted", name=shard.name, batch_id=found.id, at=found.created_at)
+        # with the job's totals (the batch made counts), should the run be killed now
+        job = self.road.totals(made=found.created_at)
+        ledger.record("submitted", name=shard.name, batch_id=found.id, at=found.created_at, job=job)
 
     async def wait(self) -> None:
         """Look at the batches in flight until one ends; collect what each ended one left."""

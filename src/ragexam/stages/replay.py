@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
 from ragexam.io.batchfiles import (
+    Answer,
     Shard,
     ShardWriter,
     Spans,
@@ -60,23 +61,35 @@ def outstanding(ledger: Ledger) -> dict[str, int]:
 
 
 class ResultIndex:
-    """Where the results of each row are, in the files being merged: keys and offsets only."""
+    """Where the results of each row are, in the files being merged: keys and offsets only.
 
-    def __init__(self, tag: str, files: list[tuple[Path, bool]], done: set[str]) -> None:
+    A line of a file never recorded spent whose row is written already was read by a run
+    stopped (a kill, Ctrl-C) after it wrote the row, before it recorded the file spent: it is
+    `late`, to be billed by this run, whose record covers the job.
+    """
+
+    def __init__(
+        self, tag: str, files: list[tuple[Path, bool]], done: set[str], spent: set[Path]
+    ) -> None:
         self.files = files  # (path, fresh): fresh files are new to this run, carried ones not
         self.fresh = 0  # lines of fresh files read: results new to this run
         self._where: dict[str, int | list[int]] = {}
+        self._late: list[int] = []
         self._spans: list[Spans] = []
-        for number, (path, _) in enumerate(files):
+        for number, (path, fresh) in enumerate(files):
             self._spans.append(Spans(path))
-            self._scan(tag, number, path, done)
+            self._scan(tag, number, path, done, fresh and path not in spent)
 
-    def _scan(self, tag: str, number: int, path: Path, done: set[str]) -> None:
+    def _scan(self, tag: str, number: int, path: Path, done: set[str], unspent: bool) -> None:
         for identifier, offset, length in scan_results(path):
             parsed = parse_custom_id(identifier)
-            if parsed is None or parsed[0] != tag or parsed[3] in done:
-                continue  # another stage's, or a row already written
+            if parsed is None or parsed[0] != tag:
+                continue  # another stage's
             location = (number << (_OFFSET_BITS + _LENGTH_BITS)) | (offset << _LENGTH_BITS) | length
+            if parsed[3] in done:  # a row already written
+                if unspent:
+                    self._late.append(location)
+                continue
             known = self._where.get(parsed[3])
             if known is None:
                 self._where[parsed[3]] = location
@@ -94,7 +107,8 @@ class ResultIndex:
 
     def take(self, key: str) -> dict[str, list[Known]]:
         """A row's results by body digest, in the order asked, read from disk (and forgotten
-        here); a request answered twice (a result file merged twice) counts once."""
+        here); a request answered twice (a result file merged twice, a file of --batch-dir's
+        read again once its engine wrote more) counts once, as the copy carried, if any."""
         found = self._where.pop(key, None)
         if found is None:
             return {}
@@ -104,11 +118,20 @@ class ResultIndex:
         by_call: dict[tuple[int, str], Known] = {}
         for location in found:
             if (item := self._read(location)) is not None:
-                by_call.setdefault((item[1].call, item[0]), item[1])
+                had = by_call.setdefault((item[1].call, item[0]), item[1])
+                if had.fresh and not item[1].fresh:  # billed when carried: not billed again
+                    by_call[item[1].call, item[0]] = item[1]
         known: dict[str, list[Known]] = {}
         for (_, digest), result in sorted(by_call.items()):
             known.setdefault(digest, []).append(result)
         return known
+
+    def late(self) -> Iterator[Answer]:
+        """The late results (read once: counted in `fresh`)."""
+        late, self._late = self._late, []
+        for location in late:
+            if (item := self._read(location)) is not None:
+                yield item[1].answer
 
     def _read(self, location: int) -> tuple[str, Known] | None:
         """(the digest it was asked with, the result) of the line at a location."""
@@ -174,14 +197,26 @@ class Pass:
         self._carry: IO[bytes] | None = None
         self._carry_path = self.files / f"carry-{time.time_ns()}.jsonl"  # never the one read
         self.opens = plan if isinstance(plan, Opens) else None
+        self.llm: LLM = plan.llm  # type: ignore[attr-defined]  # drive checked it has one
+        # what the `merged` event records beside the files (the road's: its job's totals)
+        self.commit: Callable[[Pass], dict[str, Any]] = lambda _: {}
+        self.counted = False  # the road counted the pass's figures in its own
+
+    @property
+    def carried(self) -> bool:
+        """Whether the pass carries results to the next."""
+        return self._carry is not None
 
     async def run(self, done: set[str]) -> None:
         """Go through every row not done, nor waiting on a request already out."""
         idle = {key for key in self.out if key not in self.index}  # out, and nothing back yet
         _, tasks = self.plan.tasks(done | idle if idle else done)
         try:
+            for answer in self.index.late():
+                self.llm.billed(answer)
             async for task in aiter_of(tasks):
                 await self._row(task)
+            self._keep_the_rest()
             for writer in self._writers.values():
                 writer.close()
         except BaseException:
@@ -276,6 +311,16 @@ class Pass:
             self._writers[url] = writer
         return writer
 
+    def _keep_the_rest(self) -> None:
+        """Carry the results of rows this run leaves out (a smaller --limit): paid for, they
+        are spent only by a row written from them. Those new to this run are billed now."""
+        for key in list(self.index.keys()):
+            for results in self.index.take(key).values():
+                for known in results:
+                    self._keep(known.line)
+                    if known.fresh:
+                        self.llm.billed(known.answer)
+
     def _keep(self, line: bytes) -> None:
         if self._carry is None:
             self._carry_path.parent.mkdir(parents=True, exist_ok=True)
@@ -291,8 +336,8 @@ class Pass:
             os.fsync(self._carry.fileno())
             self._carry.close()
             carried = self._carry_path
-        self.ledger.record("merged", files=[path for path, _ in self.index.files])
-        self.ledger.record("carry", file=carried)
+        files = [path for path, _ in self.index.files]
+        self.ledger.record("merged", files=files, carry=carried, **self.commit(self))
 
 
 def results_of(ledger: Ledger, fresh: list[Path]) -> list[tuple[Path, bool]]:

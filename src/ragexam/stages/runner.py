@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ragexam.errors import (
     AuthError,
+    ConfigError,
     LLMError,
     OutputFileError,
     RagexamError,
@@ -24,7 +25,7 @@ from ragexam.errors import (
 )
 from ragexam.io.csvfile import read_columns
 from ragexam.io.fingerprint import changed_inputs, stale_rows
-from ragexam.io.ledger import Ledger
+from ragexam.io.ledger import Ledger, ShardState
 from ragexam.io.manifest import manifest_room, set_run_field, update_manifest
 from ragexam.io.rowlog import RowLog
 from ragexam.io.runfolder import RunFolder
@@ -375,7 +376,7 @@ def execute(
         session.observer.progress(label) as progress,
     ):
         if how.road is None:
-            _note_batches_out(stage, session)
+            _refuse_while_batches_out(stage)
         try:
             return _execute(stage, plan, record, how, progress)
         finally:
@@ -384,16 +385,28 @@ def execute(
                     set_run_field(how.out, "endpoints", session.endpoints.saved())
 
 
-def _note_batches_out(stage: Stage, session: Session) -> None:
-    """Say so when requests of the stage are still out in batches: the sync road pays again."""
+def _refuse_while_batches_out(stage: Stage) -> None:
+    """Refuse the sync road while requests of the stage are out in batches: it would pay
+    again for rows whose results are paid for already, and on their way."""
     folder = RunFolder(stage.path.parent)
-    out = Ledger(folder.batch_ledger(stage.name), folder.batch_tag(stage.name)).waiting()
+    ledger = Ledger(folder.batch_ledger(stage.name), folder.batch_tag(stage.name))
+    out = ledger.waiting()
     if out:
-        session.observer.note(
-            f"{stage.name}: {sum(shard.lines for shard in out)} requests are still out in "
-            "batches; rerun with --batch (or --batch-dir) to collect them instead of paying "
-            "for their rows again"
-        )
+        raise batches_out(ledger, out)
+
+
+def batches_out(ledger: Ledger, out: list[ShardState]) -> ConfigError:
+    """The error of a stage run another way than the one its requests are out by."""
+    where = (
+        "in a batch of the endpoint's Batch API: rerun with --batch"
+        if out[0].mode == "api"
+        else f"in {out[0].path.parent}: rerun with --batch-dir {out[0].path.parent.parent}"
+    )
+    return ConfigError(
+        f"{sum(shard.lines for shard in out)} requests of {ledger.tag} are out {where} to "
+        f"collect their results, paid for already (or delete {ledger.path} to forget them "
+        "and pay for their rows again)"
+    )
 
 
 def _execute(

@@ -1,0 +1,214 @@
+"""A kill -9 at each step of the batch road, then a rerun: no row paid for twice, and the
+stage's record bills the whole job, as its rows do (docs/cost.md).
+
+Each kill is made by tests/dying.py, in a child process that dies at an exact step (a row
+settled, a ledger event on disk), as `kill -9` would there: nothing flushed or closed after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai_server import FakeOpenAI, Reply
+from support import custom_key, exam, grade, read_csv, run_batch_files, run_cli
+
+from ragexam.llm.batchapi import BatchApi
+from ragexam.stages import replay
+
+N = 12
+JUDGE = ("judge", "--out", "run", "--controls", "0", "--batch")
+DIR_JUDGE = ("judge", "--out", "run", "--controls", "0", "--batch-dir", "files")
+HERE = Path(__file__).parent
+KILLED, WAITING = 137, 75
+
+
+@pytest.fixture
+def batch_env(env: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> FakeOpenAI:
+    monkeypatch.setenv("RAGEXAM_BATCH_POLL", "0.02")
+    return env
+
+
+def killed_at(point: str, n: int, *args: str, held: int | None = None) -> int:
+    """Run ragexam in a child that dies at `point` (see tests/dying.py); its exit code."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), str(HERE)])}
+    if held is not None:
+        env["RAGEXAM_TEST_HELD_BYTES"] = str(held)
+    command = [sys.executable, str(HERE / "dying.py"), point, str(n), *args]
+    return subprocess.run(command, env=env, capture_output=True, timeout=120).returncode
+
+
+def cut_then_grade(body: dict[str, Any]) -> Reply:
+    """A first ask's reply is cut off at max_tokens; a re-ask's is a grade."""
+    if "cut off" in json.dumps(body):
+        return grade(body, 0.5)
+    return Reply(content='{"reasoning": "' + "very " * 400)
+
+
+def lines_per_row(server: FakeOpenAI) -> Counter[str]:
+    return Counter(custom_key(line.custom_id) for line in server.batch_requests)
+
+
+def record_of(tmp_path: Path) -> dict[str, Any]:
+    return json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["judge"]  # type: ignore[no-any-return]
+
+
+def rows(tmp_path: Path) -> list[dict[str, str]]:
+    return read_csv(tmp_path / "run" / "judgments.csv")
+
+
+def assert_billed_as_the_rows(tmp_path: Path, calls: int) -> None:
+    """The record's calls, and tokens equal to the sums of the rows' (every row ok)."""
+    found, record = rows(tmp_path), record_of(tmp_path)
+    assert len(found) == N and all(row["status"] == "ok" for row in found)
+    billed = {
+        "prompt": sum(int(row["prompt_tokens"]) for row in found),
+        "completion": sum(int(row["completion_tokens"]) for row in found),
+    }
+    assert record["tokens_billed"] == billed, record
+    assert record["calls"] == calls and record["batch"]["results_merged"] == calls, record
+
+
+def test_killed_mid_merge_the_rerun_bills_the_rows_written_before(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    exam(tmp_path / "run", N)
+    assert killed_at("settle", 6, *JUDGE, held=1) == KILLED  # 6 rows on disk, not recorded
+    assert 0 < len(rows(tmp_path)) < N
+    assert run_cli(*JUDGE).exit_code == 0
+    assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}
+    assert_billed_as_the_rows(tmp_path, N)
+    assert record_of(tmp_path)["batch"]["runs"] == 2
+
+
+def test_killed_as_a_pass_is_recorded_no_row_is_asked_twice(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # each row: a cut-off reply (carried), then a re-ask. Killed as the second pass has
+    # recorded its merge, the rerun has the first replies carried, and asks for nothing again
+    batch_env.responder = cut_then_grade
+    exam(tmp_path / "run", N)
+    assert killed_at("event:merged", 2, *JUDGE) == KILLED
+    assert run_cli(*JUDGE).exit_code == 0
+    assert lines_per_row(batch_env) == {f"q{i}": 2 for i in range(N)}
+    assert_billed_as_the_rows(tmp_path, 2 * N)
+
+
+def test_killed_once_the_last_pass_is_recorded_the_rerun_shows_the_whole_job(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    exam(tmp_path / "run", N)
+    assert killed_at("event:merged", 2, *JUDGE) == KILLED  # every row written and recorded
+    assert len(rows(tmp_path)) == N
+    result = run_cli(*JUDGE)
+    assert result.exit_code == 0 and "nothing to do" in result.output
+    assert_billed_as_the_rows(tmp_path, N)
+    assert record_of(tmp_path)["cost_usd"] > 0
+
+
+def test_a_rerun_with_nothing_to_do_keeps_the_jobs_record(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    exam(tmp_path / "run", N)
+    assert run_cli(*JUDGE).exit_code == 0
+    first = record_of(tmp_path)
+    again = run_cli(*JUDGE)
+    assert again.exit_code == 0 and "nothing to do" in again.output
+    record = record_of(tmp_path)
+    for name in ("calls", "tokens_billed", "cost_usd"):
+        assert record[name] == first[name] and first[name], name
+    assert record["batch"]["runs"] == first["batch"]["runs"] == 1
+    assert record["batch"]["seconds"] == first["batch"]["seconds"] is not None
+
+
+def test_killed_once_its_batch_is_made_the_rerun_times_the_batch(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    exam(tmp_path / "run", N)
+    assert killed_at("event:submitted", 1, *JUDGE) == KILLED
+    assert run_cli(*JUDGE).exit_code == 0
+    batch = record_of(tmp_path)["batch"]
+    assert batch["runs"] == 2 and batch["batches"] == 1
+    assert batch["seconds"] is not None  # from the first batch made to the last ended
+    assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}
+
+
+def test_results_of_rows_a_smaller_limit_leaves_out_are_kept_not_bought_again(
+    batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exam(tmp_path / "run", N)
+    real = BatchApi.download
+
+    async def ctrl_c(self: BatchApi, *args: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(BatchApi, "download", ctrl_c)
+    assert run_cli(*JUDGE).exit_code == 130  # every row's batch line paid for
+    monkeypatch.setattr(BatchApi, "download", real)
+    assert run_cli(*JUDGE, "--limit", "6").exit_code == 0
+    assert len(rows(tmp_path)) == 6
+    assert run_cli(*JUDGE).exit_code == 0
+    assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}
+    assert_billed_as_the_rows(tmp_path, N)
+
+
+# -- --batch-dir --------------------------------------------------------------------------------
+
+
+def test_batch_dir_killed_as_a_pass_is_recorded_bills_its_results_once(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    env.responder = cut_then_grade
+    exam(tmp_path / "run", N)
+    assert run_cli(*DIR_JUDGE).exit_code == WAITING
+    run_batch_files(env, tmp_path / "files")
+    assert killed_at("event:merged", 1, *DIR_JUDGE) == KILLED  # merged: re-asks written
+    assert run_cli(*DIR_JUDGE).exit_code == WAITING  # the same file is not read again
+    run_batch_files(env, tmp_path / "files")
+    assert run_cli(*DIR_JUDGE).exit_code == 0
+    assert_billed_as_the_rows(tmp_path, 2 * N)
+
+
+def test_batch_dir_lines_the_engine_writes_while_it_merges_are_merged_next_run(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exam(tmp_path / "run", N)
+    assert run_cli(*DIR_JUDGE).exit_code == WAITING
+    run_batch_files(env, tmp_path / "files")
+    (path,) = (tmp_path / "files" / "results").iterdir()
+    whole = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(whole[:6]))  # the engine has written half its output so far
+    real = replay.ResultIndex.__init__
+
+    def then_the_engine_writes_on(self: replay.ResultIndex, *args: Any) -> None:
+        real(self, *args)
+        with path.open("ab") as handle:
+            handle.write(b"".join(whole[6:]))
+
+    monkeypatch.setattr(replay.ResultIndex, "__init__", then_the_engine_writes_on)
+    assert run_cli(*DIR_JUDGE).exit_code == WAITING
+    assert len(rows(tmp_path)) == 6
+    monkeypatch.setattr(replay.ResultIndex, "__init__", real)
+    assert run_cli(*DIR_JUDGE).exit_code == 0
+    assert_billed_as_the_rows(tmp_path, N)
+
+
+def test_batch_dir_a_result_file_named_in_another_encoding_is_merged(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    exam(tmp_path / "run", N)
+    assert run_cli(*DIR_JUDGE).exit_code == WAITING
+    run_batch_files(env, tmp_path / "files")
+    results = tmp_path / "files" / "results"
+    for path in results.iterdir():  # a Latin-1 name, as copied from another machine
+        path.rename(results / os.fsdecode(b"r\xe9sultats-" + os.fsencode(path.name)))
+    result = run_cli(*DIR_JUDGE)
+    assert result.exit_code == 0, result.output
+    assert run_cli(*DIR_JUDGE).exit_code == 0  # and the ledger reads back what it wrote
+    assert_billed_as_the_rows(tmp_path, N)
