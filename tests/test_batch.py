@@ -516,3 +516,18 @@ def test_a_state_the_batch_api_does_not_have_is_waited_out_and_said_once(
     said = [line for line in result.output.splitlines() if "'paused'" in line]
     assert len(said) == 1 and "a state OpenAI's Batch API does not have" in said[0]
     assert len(looks) > 4 and {row["status"] for row in judged(tmp_path).values()} == {"ok"}
+
+
+@pytest.mark.parametrize("status", [404, 405])
+def test_an_endpoint_without_a_batch_api_is_told_to_use_batch_dir(
+    batch_env: FakeOpenAI, tmp_path: Path, status: int
+) -> None:
+    exam(tmp_path / "run", 3)
+    no_api = HttpReply(status, None, raw=b"")
+    batch_env.batch.alter = altering("POST", "/v1/files", lambda _: no_api)
+    result = judge()
+    assert result.exit_code == 4, result.output
+    assert sum(text.startswith("Error:") for text in result.output.splitlines()) == 1
+    said = " ".join(result.output.split())
+    assert "the endpoint has no Batch API" in said and "/v1/files" in said
+    assert "--batch-dir" in said and batches_made(batch_env) == 0

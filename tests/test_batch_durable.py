@@ -251,3 +251,20 @@ def test_the_sync_road_refuses_while_requests_are_out_in_batches(
     batch_env.batch.manual = False
     assert run_cli(*JUDGE).exit_code == 0  # collected, as it says
     assert all_ok(tmp_path) and lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}
+
+
+def test_a_dry_run_leaves_out_the_rows_whose_requests_are_out(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    batch_env.batch.manual = True
+    exam(tmp_path / "run", N)
+    with pytest.MonkeyPatch.context() as patch:
+        interrupt_at(patch, BatchApi, "retrieve", lambda *_: True)
+        assert run_cli(*JUDGE).exit_code == 130
+    dry = run_cli(*JUDGE, "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    said = " ".join(dry.output.split())
+    assert "judge: 0 rows to do, 0 calls" in said
+    assert f"{N} more wait on requests out in batches, paid already" in said
+    batch_env.batch.manual = False
+    assert run_cli(*JUDGE).exit_code == 0 and len(batches(batch_env)) == 1  # as it said

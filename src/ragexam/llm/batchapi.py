@@ -194,4 +194,12 @@ class BatchApi:
         reason = self.redact(describe(exc))
         if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
             return AuthError(f"the endpoint refused the API key for its Batch API: {reason}")
+        asked = exc.request.url.path.rstrip("/") if exc.request is not None else ""
+        missing = getattr(exc, "status_code", None) in (404, 405, 501)
+        if missing and asked.endswith(("/files", "/batches")):  # not one batch: the API itself
+            return EndpointError(
+                f"the endpoint has no Batch API ({reason}, at {asked}): write the requests "
+                "with --batch-dir DIR instead, for an engine that reads batch files "
+                "(vllm run-batch; docs/batch.md)"
+            )
         return EndpointError(f"the endpoint's Batch API failed: {reason}")

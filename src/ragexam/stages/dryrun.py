@@ -23,6 +23,7 @@ from ragexam.config import AnswerContext, Scale, Settings
 from ragexam.io.cells import SINGLE
 from ragexam.io.csvfile import read_columns, read_rows
 from ragexam.io.fingerprint import stale_rows
+from ragexam.io.ledger import Ledger
 from ragexam.io.runfolder import CONTROL_RUNS, RunFolder
 from ragexam.llm.pacing import estimate_tokens, text_tokens
 from ragexam.llm.prices import batch_price, price_of
@@ -35,6 +36,7 @@ from ragexam.stages.exams import Exam, Exams, load_exams
 from ragexam.stages.generate import GeneratePlan, qa_id_for
 from ragexam.stages.judge import ControlPlan, JudgePlan, sources_of
 from ragexam.stages.keypoints import KeyPointsPlan
+from ragexam.stages.replay import outstanding
 from ragexam.stages.session import Session
 from ragexam.stages.setup import store_ref
 from ragexam.store.chroma import get_chunks, iter_chunks, open_collection, release
@@ -65,6 +67,7 @@ class Estimate:
     cost_usd: float | None
     batch_cost_usd: float | None = None  # the same calls through a Batch API
     batched: bool = False  # --batch or --batch-dir: the batch price is the one that applies
+    out: int = 0  # rows whose requests are out in batches: paid for, not counted here
 
     @property
     def priced(self) -> float | None:
@@ -83,8 +86,10 @@ def estimate(
     prompts: Iterable[list[BaseMessage]],
     settings: Settings,
     per_call: float | None = None,
+    out: int = 0,
 ) -> Estimate:
-    """Count the calls and tokens of these prompts, and price them."""
+    """Count the calls and tokens of these prompts, and price them (`out`: the rows left out,
+    whose requests are out in batches)."""
     calls, tokens = 0, 0
     for messages in prompts:
         calls += 1
@@ -93,7 +98,7 @@ def estimate(
     price, batch = price_of(model, settings), batch_price(model, settings)
     cost = price.cost(tokens, output) if price else None
     batch_cost = batch.cost(tokens, output) if batch else None
-    return Estimate(stage, model, rows, calls, tokens, output, cost, batch_cost)
+    return Estimate(stage, model, rows, calls, tokens, output, cost, batch_cost, out=out)
 
 
 def done_rows(
@@ -123,6 +128,14 @@ def _ok_rows(path: Path, key: str, fixed: Iterable[str] = ()) -> list[dict[str, 
     return found
 
 
+def out_in_batches(folder: RunFolder, stage: str, done: set[str]) -> tuple[set[str], int]:
+    """`done`, and the rows whose requests are out in batches (paid for, their results on
+    the way: the batch road collects them and sends nothing for them), and how many those are."""
+    ledger = Ledger(folder.batch_ledger(stage), folder.batch_tag(stage))
+    out = set(outstanding(ledger)) - done if ledger.waiting() else set()
+    return done | out, len(out)
+
+
 def _done(rows: list[dict[str, str]], key: str) -> tuple[set[str], float | None]:
     """The keys of these done rows, and their output tokens per call."""
     calls = sum(int(row.get("attempts") or 0) for row in rows)
@@ -139,6 +152,7 @@ def estimate_generate(settings: Settings, given: Given, session: Session) -> lis
         done, per_call = done_rows(
             RunFolder(given.out).qa_dataset, plan.llm.model, plan.prompt.hash
         )
+        done, out = out_in_batches(RunFolder(given.out), "generate", done)
         rows, tasks = plan.single_tasks(done)
         asked = [task for task in tasks if str(task.payload).strip()]
         prompts = [plan.messages(task) for task in asked]
@@ -148,7 +162,7 @@ def estimate_generate(settings: Settings, given: Given, session: Session) -> lis
                 plan.critic.fill(chunk=task.payload, question=half, answer=half) for task in asked
             )
             prompts += [plan.critic.template.format_messages(**value) for value in values]
-        single = estimate("generate", plan.llm.model, rows, prompts, settings, per_call)
+        single = estimate("generate", plan.llm.model, rows, prompts, settings, per_call, out)
         return [single, *harder_estimates(plan, done, settings)]
     finally:
         release(store)
@@ -211,6 +225,7 @@ def _answers(
     model, context = settings.model_for("answer"), given.answering.context
     prompt = load_prompt(PROMPTS.get(context, "answer"), settings.prompts_dir)
     done, per_call = done_rows(RunFolder(given.out).answers, model, prompt.hash)
+    done, out = out_in_batches(RunFolder(given.out), "answer", done)
     pending = [question for question in questions if question.qa_id not in done]
     k = given.answering.k or DEFAULT_K
     copies = {AnswerContext.retrieved: k, AnswerContext.gold: 1}.get(context, 0)
@@ -223,7 +238,7 @@ def _answers(
         return prompt.template.format_messages(**prompt.fill(**values))
 
     prompts = (messages(q, t) for q, t in zip(pending, texts, strict=True) if q.text.strip())
-    return estimate("answer", model, len(pending), prompts, settings, per_call)
+    return estimate("answer", model, len(pending), prompts, settings, per_call, out)
 
 
 def _sources(collection: Any, questions: list[Question]) -> Iterator[str]:
@@ -244,11 +259,12 @@ def estimate_judge(settings: Settings, given: Given, session: Session) -> list[E
         done, per_call = done_rows(
             RunFolder(given.out).key_points, plan.llm.model, plan.prompt.hash
         )
+        done, out = out_in_batches(RunFolder(given.out), "key_points", done)
         rows, tasks = plan.tasks(done)
         prompts = (plan.prompt.template.format_messages(**plan.prompt.fill(
             question=task.payload.question, ground_truth=task.payload.ground_truth
         )) for task in tasks)  # fmt: skip
-        written = [estimate("key_points", plan.llm.model, rows, prompts, settings, per_call)]
+        written = [estimate("key_points", plan.llm.model, rows, prompts, settings, per_call, out)]
     return [*written, *_judge(settings, given, stand_ins(exams), session)]
 
 
@@ -292,12 +308,13 @@ def _graded(
 ) -> Estimate:
     """`samples` calls for each task of a judge plan not done yet."""
     done, per_call = graded_rows(plan, path, key, stage, force)
+    done, out = out_in_batches(RunFolder(path.parent), stage, done)
     rows, tasks = plan.tasks(done)
     graded = [task.payload for task in tasks if task.payload.question is not None]
     prompts = (plan.messages(exam) for exam in graded for _ in range(plan.samples))
     if per_call is None and plan.scale is Scale.key_points:
         per_call = OUTPUT_TOKENS["judge_key_points"]
-    return estimate(stage, plan.llm.model, rows, prompts, settings, per_call)
+    return estimate(stage, plan.llm.model, rows, prompts, settings, per_call, out)
 
 
 def estimate_run(settings: Settings, given: Given, session: Session) -> list[Estimate]:
