@@ -34,6 +34,7 @@ from support import (
 
 from ragexam.cli import display
 from ragexam.io import batchfiles
+from ragexam.stages import batchwait
 
 N = 12
 
@@ -531,3 +532,20 @@ def test_an_endpoint_without_a_batch_api_is_told_to_use_batch_dir(
     said = " ".join(result.output.split())
     assert "the endpoint has no Batch API" in said and "/v1/files" in said
     assert "--batch-dir" in said and batches_made(batch_env) == 0
+
+
+def test_a_queue_that_stays_full_stops_the_stage_with_its_rows_still_to_do(
+    batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(batchwait, "RESUBMITS", 3)
+    batch_env.batch.fail_validation = "token_limit_exceeded"
+    exam(tmp_path / "run", N)
+    result = judge()
+    assert result.exit_code == 4, result.output
+    said = " ".join(result.output.split())
+    assert "queue of batches is full (token_limit_exceeded), 3 times in a row" in said
+    assert "rerun later" in said and not judged(tmp_path)  # no row is made an error
+    batch_env.batch.fail_validation = None
+    assert judge().exit_code == 0
+    assert all(row["status"] == "ok" for row in judged(tmp_path).values())
+    assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}

@@ -265,6 +265,6 @@ def test_a_dry_run_leaves_out_the_rows_whose_requests_are_out(
     assert dry.exit_code == 0, dry.output
     said = " ".join(dry.output.split())
     assert "judge: 0 rows to do, 0 calls" in said
-    assert f"{N} more wait on requests out in batches, paid already" in said
+    assert f"{N} more wait on requests out in batches: not sent again" in said
     batch_env.batch.manual = False
     assert run_cli(*JUDGE).exit_code == 0 and len(batches(batch_env)) == 1  # as it said

@@ -298,7 +298,7 @@ def show_estimates(estimates: list[Estimate]) -> None:
         cost = cost_text(e.cost_usd)
         if e.batched:
             cost = f"{cost_text(e.batch_cost_usd)} in batches ({cost} sync)"
-        out = f"; {e.out} more wait on requests out in batches, paid already" if e.out else ""
+        out = f"; {e.out} more wait on requests out in batches: not sent again" if e.out else ""
         say(
             f"{e.stage}: {e.rows} rows to do, {e.calls} calls, ~{e.input_tokens:,} tokens in + "
             f"~{e.output_tokens:,} out, {cost} ({e.model}){out}"

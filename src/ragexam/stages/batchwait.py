@@ -7,8 +7,9 @@ looked for among the endpoint's batches before a batch is made of it, so no row 
 When a batch ends, its output and error files are downloaded, and every request it left
 without a result line gets one that says why (expired, cancelled, refused): the next pass
 retries those within the retry budget, or writes the row as an error with that reason. A batch
-refused because the queue is full (token_limit_exceeded) is submitted again later, at no cost
-to its rows.
+refused because the queue is full (token_limit_exceeded) is submitted again later, after a
+pause that doubles up to MAX_PAUSES polls, at no cost to its rows; refused RESUBMITS times in
+one run, the run stops (exit 4), its requests kept for the rerun.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ KNOWN = ("validating", "in_progress", "finalizing", "cancelling", *TERMINAL)
 QUEUE_FULL = "token_limit_exceeded"  # the Batch API's "try again once some batches are done"
 FIRST_POLL = 0.5  # seconds before the first look at a new batch; doubled up to the poll setting
 POLL_FAILURES = 10  # looks in a row that fail before the wait stops (a rerun reattaches)
-RESUBMITS = 20  # a shard refused for a full queue this many times in one run gives up
+RESUBMITS = 20  # a shard refused for a full queue this many times in one run: the run stops
+MAX_PAUSES = 20  # the longest wait before a shard refused for a full queue goes out, in polls
 
 
 async def api_rounds(road: BatchRoad) -> None:
@@ -134,8 +136,9 @@ class Waiter:
     async def collect(self, shard: ShardState, view: BatchView) -> None:
         """The results an ended batch left, one line for every request it was sent."""
         full = view.status == "failed" and any(code == QUEUE_FULL for code, _, _ in view.errors)
-        if full and self._refused_again(shard):
+        if full:
             self.road.ledger.record("resubmit", name=shard.name, reason=QUEUE_FULL)
+            self._refused_again(shard, view)
             return
         self.road.note(f"downloading the results of {view.id}")
         folder, files = self.road.files, []
@@ -148,11 +151,18 @@ class Waiter:
             files.append(_write_unanswered(folder / f"{view.id}.unrun.jsonl", rest, view))
         self.road.ledger.record("ended", name=shard.name, status=view.status, files=files, at=now())
 
-    def _refused_again(self, shard: ShardState) -> bool:
-        """Whether a shard refused for a full queue is to be submitted again (not given up)."""
-        self.refusals[shard.name] = self.refusals.get(shard.name, 0) + 1
-        self.pause_until = time.monotonic() + self.poll
-        return self.refusals[shard.name] < RESUBMITS
+    def _refused_again(self, shard: ShardState, view: BatchView) -> None:
+        """Pause before a shard refused for a full queue goes out again (longer each time), or
+        stop the run when the queue stayed full: the rows are not at fault, and stay to do."""
+        refusals = self.refusals[shard.name] = self.refusals.get(shard.name, 0) + 1
+        if refusals >= RESUBMITS:
+            raise EndpointError(
+                f"the endpoint's Batch API refused batch {view.id} of {shard.name}: the "
+                f"organisation's queue of batches is full ({QUEUE_FULL}), {refusals} times in "
+                f"a row; rerun later: its {shard.lines} requests are kept, and sent then"
+            )
+        pause = self.poll * min(2 ** (refusals - 1), MAX_PAUSES)  # 10 minutes at most, by default
+        self.pause_until = time.monotonic() + pause
 
 
 def _unanswered(shard: ShardState, files: list[Path]) -> list[str]:

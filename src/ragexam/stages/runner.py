@@ -404,8 +404,8 @@ def batches_out(ledger: Ledger, out: list[ShardState]) -> ConfigError:
     )
     return ConfigError(
         f"{sum(shard.lines for shard in out)} requests of {ledger.tag} are out {where} to "
-        f"collect their results, paid for already (or delete {ledger.path} to forget them "
-        "and pay for their rows again)"
+        f"collect their results (or delete {ledger.path} to forget them, and pay for their "
+        "rows again)"
     )
 
 
