@@ -212,3 +212,16 @@ def test_batch_dir_a_result_file_named_in_another_encoding_is_merged(
     assert result.exit_code == 0, result.output
     assert run_cli(*DIR_JUDGE).exit_code == 0  # and the ledger reads back what it wrote
     assert_billed_as_the_rows(tmp_path, N)
+
+
+def test_batch_dir_a_request_answered_in_two_files_is_merged_and_billed_once(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    exam(tmp_path / "run", N)
+    assert run_cli(*DIR_JUDGE).exit_code == WAITING
+    run_batch_files(env, tmp_path / "files")
+    results = tmp_path / "files" / "results"
+    (path,) = results.iterdir()
+    (results / "copy.jsonl").write_bytes(path.read_bytes())  # the same results, twice
+    assert run_cli(*DIR_JUDGE).exit_code == 0
+    assert_billed_as_the_rows(tmp_path, N)

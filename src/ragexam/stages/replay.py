@@ -72,7 +72,7 @@ class ResultIndex:
         self, tag: str, files: list[tuple[Path, bool]], done: set[str], spent: set[Path]
     ) -> None:
         self.files = files  # (path, fresh): fresh files are new to this run, carried ones not
-        self.fresh = 0  # lines of fresh files read: results new to this run
+        self.fresh = 0  # results of fresh files taken (each request once): new to this run
         self._where: dict[str, int | list[int]] = {}
         self._late: list[int] = []
         self._spans: list[Spans] = []
@@ -114,7 +114,10 @@ class ResultIndex:
             return {}
         if not isinstance(found, list):  # one result: the common case, read and done
             item = self._read(found)
-            return {} if item is None else {item[0]: [item[1]]}
+            if item is None:
+                return {}
+            self.fresh += item[1].fresh
+            return {item[0]: [item[1]]}
         by_call: dict[tuple[int, str], Known] = {}
         for location in found:
             if (item := self._read(location)) is not None:
@@ -124,13 +127,18 @@ class ResultIndex:
         known: dict[str, list[Known]] = {}
         for (_, digest), result in sorted(by_call.items()):
             known.setdefault(digest, []).append(result)
+            self.fresh += result.fresh
         return known
 
     def late(self) -> Iterator[Answer]:
-        """The late results (read once: counted in `fresh`)."""
+        """The late results, each request once (counted in `fresh`)."""
         late, self._late = self._late, []
+        billed: set[str] = set()
         for location in late:
-            if (item := self._read(location)) is not None:
+            item = self._read(location)
+            if item is not None and item[1].answer.custom_id not in billed:
+                billed.add(item[1].answer.custom_id)
+                self.fresh += 1
                 yield item[1].answer
 
     def _read(self, location: int) -> tuple[str, Known] | None:
@@ -138,7 +146,6 @@ class ResultIndex:
         number = location >> (_OFFSET_BITS + _LENGTH_BITS)
         offset = (location >> _LENGTH_BITS) & ((1 << _OFFSET_BITS) - 1)
         line = self._spans[number].read(offset, location & ((1 << _LENGTH_BITS) - 1))
-        self.fresh += self.files[number][1]
         answer = parse_answer(line)
         parsed = parse_custom_id(answer.custom_id) if answer else None
         if answer is None or parsed is None:
