@@ -225,3 +225,17 @@ def test_batch_dir_a_request_answered_in_two_files_is_merged_and_billed_once(
     (results / "copy.jsonl").write_bytes(path.read_bytes())  # the same results, twice
     assert run_cli(*DIR_JUDGE).exit_code == 0
     assert_billed_as_the_rows(tmp_path, N)
+
+
+def test_batch_dir_results_of_requests_no_longer_made_are_said_unused(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    exam(tmp_path / "run", N)
+    assert run_cli(*DIR_JUDGE).exit_code == WAITING
+    run_batch_files(env, tmp_path / "files")
+    exam(tmp_path / "run", N, answers={i: f"A new answer #{i}." for i in range(4)})
+    result = run_cli(*DIR_JUDGE)
+    assert result.exit_code == WAITING  # the 4 changed rows are asked again, rightly
+    said = " ".join(result.output.split())
+    assert "the results of 4 rows answer requests these rows no longer make" in said
+    assert len(rows(tmp_path)) == N - 4

@@ -11,6 +11,7 @@ out in a later round, within the same retry budget as on the sync road.
 
 from __future__ import annotations
 
+import logging
 import math
 import shutil
 from collections.abc import Iterator
@@ -32,6 +33,7 @@ from ragexam.stages.batchwait import api_rounds
 from ragexam.stages.replay import Pass, ResultIndex, outstanding, results_of, token
 from ragexam.stages.runner import Plan, Progress, Runner, RunSettings, batches_out
 
+logger = logging.getLogger("ragexam")
 MAX_ROUNDS = 200  # passes in one run: far above what retries and samples need; a loop is a bug
 COUNTED = (  # the road's counts, summed over the runs of a batch job
     *("rounds", "requests", "results_merged", "requests_rendered", "results_read"),
@@ -184,6 +186,12 @@ class BatchRoad:
             await passed.run(done)
         finally:
             self._count(passed)  # a pass stopped midway: what it did, for this run's record
+        if passed.unused:  # asked again, rightly, but a user wonders why results went unused
+            logger.warning(
+                f"{self.tag}: the results of {passed.unused} rows answer requests these rows no "
+                "longer make (their input, the prompt, the model or a setting such as "
+                "OPENAI_BASE_URL changed since they were asked): those rows are asked again"
+            )
         self.tidy()
         return passed
 

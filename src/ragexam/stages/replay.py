@@ -199,6 +199,7 @@ class Pass:
         self.sent = 0  # requests written to shards
         self.written = 0  # rows written
         self.rendered = self.read = 0  # first requests rendered, first results read, directly
+        self.unused = 0  # rows whose results answer requests they no longer make: asked again
         self.shards: list[Shard] = []
         self._writers: dict[str, ShardWriter] = {}
         self._carry: IO[bytes] | None = None
@@ -280,6 +281,7 @@ class Pass:
 
     def _defer(self, key: str, row: RowCalls, waiting: Deferred) -> None:
         """Keep what the row went through; send its next call, unless it is out already."""
+        self.unused += bool(row.known) and not row.used  # results of requests it no longer makes
         for known in row.used:
             self._keep(known.line)
         self._send(key, waiting)
