@@ -243,7 +243,9 @@ def test_the_sync_road_refuses_while_requests_are_out_in_batches(
     exam(tmp_path / "run", N)
     with pytest.MonkeyPatch.context() as patch:
         interrupt_at(patch, BatchApi, "retrieve", lambda *_: True)  # Ctrl-C once it waits
-        assert run_cli(*JUDGE).exit_code == 130
+        stopped = run_cli(*JUDGE)
+    assert stopped.exit_code == 130
+    assert "The batches made keep running at the endpoint" in " ".join(stopped.output.split())
     sync = run_cli("judge", "--out", "run", "--controls", "0")
     assert sync.exit_code == 2, sync.output
     assert f"{N} requests of judge are out in a batch" in sync.output

@@ -143,7 +143,15 @@ def handled(command: Callable[..., None]) -> Callable[..., None]:
             say(f"{exc.label}: {exc}")
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
-            say("Interrupted: every finished row is saved; rerun the same command to go on.")
+            running = (  # made, a batch runs (and is billed) whatever happens here
+                " The batches made keep running at the endpoint: the rerun collects them."
+                if kwargs.get("batch")
+                else ""
+            )
+            say(
+                "Interrupted: every finished row is saved; rerun the same command to go on."
+                + running
+            )
             raise typer.Exit(130) from None
         except typer.Exit:
             raise
