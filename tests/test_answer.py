@@ -220,6 +220,59 @@ def test_a_raising_rag_gives_error_rows_not_a_crash(env: FakeOpenAI, tmp_path: P
     assert rows["b"]["answer"] == "" and rows["b"]["target_rank"] == ""
 
 
+def test_a_rag_module_that_exits_at_import_is_a_one_line_error(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    (tmp_path / "cli_rag.py").write_text(  # argparse at import, given ragexam's arguments
+        "import argparse\n"
+        "parser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--index')\n"
+        "args = parser.parse_args(['answer', '--rag', 'cli_rag:answer'])\n"
+        "def answer(question):\n"
+        "    return 'an answer', []\n"
+    )
+    write_qa(
+        tmp_path / "run" / "qa_dataset.csv", [{"qa_id": "a", "chunk_id": "c0", "question": "q"}]
+    )
+    result = run_cli("answer", "--out", "run", "--rag", "cli_rag:answer")
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert lines[-1].startswith(
+        "Error: --rag 'cli_rag:answer': importing 'cli_rag' called sys.exit(2)"
+    )
+    assert "__main__" in lines[-1] and env.requests == []
+
+
+@pytest.mark.parametrize("kind", ["def", "async def"])
+def test_a_rag_callable_that_calls_sys_exit_gives_that_row_an_error(
+    env: FakeOpenAI, tmp_path: Path, kind: str
+) -> None:
+    (tmp_path / "exiting_rag.py").write_text(
+        "import sys\n"
+        "from langchain_core.documents import Document\n"
+        f"{kind} answer(question):\n"
+        "    if 'bad' in question:\n"
+        "        sys.exit(3)\n"
+        "    return 'an answer', [Document('Chunk text number 3.'), 'c1']\n"
+    )
+    store = make_store(tmp_path / "store", env)
+    write_qa(
+        tmp_path / "run" / "qa_dataset.csv",
+        [
+            {"qa_id": "a", "chunk_id": "c3", "question": "fine"},
+            {"qa_id": "b", "chunk_id": "c1", "question": "bad one"},
+            {"qa_id": "c", "chunk_id": "c1", "question": "also fine"},
+        ],
+    )
+    args = ("answer", "--chroma", str(store), "--out", "run", "--rag", "exiting_rag:answer")
+    result = run_cli(*args, "--max-error-rate", "0.5")
+    assert result.exit_code == 0, result.output
+    rows = {row["qa_id"]: row for row in read_csv(tmp_path / "run" / "answers.csv")}
+    assert rows["a"]["status"] == rows["c"]["status"] == "ok"
+    assert rows["b"]["status"] == "error"
+    assert rows["b"]["error"] == "the RAG callable called sys.exit(3)"
+
+
 @pytest.mark.slow
 def test_sigkill_midway_then_rerun_answers_each_question_once(
     env: FakeOpenAI, tmp_path: Path

@@ -256,3 +256,26 @@ def test_a_huge_k_is_capped_at_the_deepest_rank_retrieved(tmp_path: Path) -> Non
     by_document, _, _ = summaries(run)
     assert math.isclose(float(by_document["E"]["precision"]), 1 / 7)  # e1: hit at rank 1, K=7
     assert math.isclose(float(by_document["E"]["f1"]), 2 / (7 + 1))
+
+
+@pytest.mark.parametrize("status", [None, ""])
+def test_an_exam_without_statuses_is_summarised_as_answer_and_judge_take_it(
+    env: object, tmp_path: Path, status: str | None
+) -> None:
+    from support import exam, read_csv, write_dict_rows
+
+    run = tmp_path / "run"
+    exam(run, 4)
+    rows = read_csv(run / "qa_dataset.csv")
+    for row in rows:  # a hand-made exam: no status column, or an empty one
+        row.pop("status")
+        row.pop("error", None)
+        if status is not None:
+            row["status"] = status
+    write_dict_rows(run / "qa_dataset.csv", rows)
+    assert run_cli("judge", "--out", "run", "--controls", "0").exit_code == 0
+    result = run_cli("stats", "--out", "run")
+    assert result.exit_code == 0, result.output
+    (overall,) = [row for row in read_csv(run / "summary.csv") if row["document"] == "ALL"]
+    assert overall["questions"] == "4" and overall["errors"] == "0"
+    assert overall["n_judged"] == "4"

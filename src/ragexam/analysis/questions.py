@@ -199,7 +199,12 @@ def load_questions(out: Path, *, texts: bool = False) -> pd.DataFrame:
     # With kinds, a multi-hop question's count of chunks is that of its target_ranks: a
     # million ids need not be read.
     optional = _present(qa_path, ("kind",)) or _present(qa_path, ("chunk_ids",))
-    qa = _read(qa_path, ("qa_id", "document", "status", *optional, *(TEXTS if texts else ())))
+    optional += _present(qa_path, ("status",))
+    qa = _read(qa_path, ("qa_id", "document", *optional, *(TEXTS if texts else ())))
+    # A hand-made exam may have no status, or leave it empty: its rows are questions, as
+    # answer and judge take them.
+    status = qa["status"] if "status" in qa else pd.Series("", index=qa.index)
+    qa["status"] = status.mask(status == "", "ok")
     index = pd.Index(qa["qa_id"])
     if not index.is_unique:
         repeated = unescape_cell(str(qa["qa_id"][index.duplicated()].iloc[0]))

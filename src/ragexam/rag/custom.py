@@ -55,6 +55,11 @@ def load_rag(spec: str) -> Any:
         raise ConfigError(
             f"--rag {spec!r}: importing {module_name!r} raised {type(exc).__name__}: {reason}"
         ) from None
+    except SystemExit as exc:  # argparse at import, most often: it read ragexam's arguments
+        raise ConfigError(
+            f"--rag {spec!r}: importing {module_name!r} called sys.exit({exc.code!r}) (parse "
+            "command-line arguments under `if __name__ == \"__main__\":`, not at import)"
+        ) from None
     target: Any = module
     for part in attribute.split("."):
         target = getattr(target, part, None)
@@ -87,14 +92,29 @@ async def call_rag(rag: Any, question: str, seconds: float) -> Any:
     call neither blocks the run nor keeps Ctrl-C from ending it.
     """
     try:
-        result = await _within(seconds, _invoke(rag, question, seconds))
+        result = await _within(seconds, _kept_in(_invoke(rag, question, seconds)))
     except DeadlineExceeded:
         late = f"the RAG callable did not answer within {seconds:g}s (--rag-timeout)"
         raise RowError(late) from None
+    except _Exited as exc:
+        raise RowError(str(exc)) from None
     except Exception as exc:
         message = " ".join(str(exc).split())[:300]
         raise RowError(f"the RAG callable raised {type(exc).__name__}: {message}") from None
     return result
+
+
+class _Exited(Exception):
+    """The RAG callable called sys.exit."""
+
+
+async def _kept_in(awaitable: Awaitable[Any]) -> Any:
+    """Await the callable; its sys.exit is its row's error (a SystemExit leaving a task
+    would end the whole run, as asyncio passes it through the event loop)."""
+    try:
+        return await awaitable
+    except SystemExit as exc:
+        raise _Exited(f"the RAG callable called sys.exit({exc.code!r})") from None
 
 
 def _invoke(rag: Any, question: str, seconds: float) -> Awaitable[Any]:
