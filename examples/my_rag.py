@@ -1,13 +1,21 @@
 """Your own RAG system: ragexam answer --rag examples/my_rag.py:answer --chroma examples/chroma"""
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import chromadb
 from openai import OpenAI
 
-store = os.environ.get("RAG_CHROMA", str(Path(__file__).parent / "chroma"))
-collection = chromadb.PersistentClient(store).get_collection("handbook")
+# Chroma writes to a store it opens (its own bookkeeping): this example opens a copy, so the
+# store you point it at stays byte for byte as it was (ragexam's own reading never writes).
+source = os.environ.get("RAG_CHROMA", str(Path(__file__).parent / "chroma"))
+copy = Path(tempfile.mkdtemp(prefix="my-rag-"))
+atexit.register(shutil.rmtree, copy, True)
+store = shutil.copytree(source, copy / "chroma")
+collection = chromadb.PersistentClient(str(store)).get_collection("handbook")
 llm = OpenAI()
 
 

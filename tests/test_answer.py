@@ -156,8 +156,13 @@ def test_the_example_rag_callable_end_to_end(
     assert loaded.returncode == 0
     assert run_cli("generate", "--chroma", "chroma", "--out", "run").exit_code == 0
     (tmp_path / "my_rag.py").write_text((EXAMPLES / "my_rag.py").read_text())
+    before = {
+        path: path.read_bytes() for path in (tmp_path / "chroma").rglob("*") if path.is_file()
+    }
     result = run_cli("answer", "--chroma", "chroma", "--out", "run", "--rag", "my_rag:answer")
     assert result.exit_code == 0, result.output
+    after = {path: path.read_bytes() for path in (tmp_path / "chroma").rglob("*") if path.is_file()}
+    assert after == before  # the example reads a copy: the store stays byte for byte
     rows = read_csv(tmp_path / "run" / "answers.csv")
     assert len(rows) == 19 and {row["status"] for row in rows} == {"ok"}
     assert all(len(json.loads(row["retrieved_ids"])) == 5 for row in rows)
