@@ -279,3 +279,30 @@ def test_an_exam_without_statuses_is_summarised_as_answer_and_judge_take_it(
     (overall,) = [row for row in read_csv(run / "summary.csv") if row["document"] == "ALL"]
     assert overall["questions"] == "4" and overall["errors"] == "0"
     assert overall["n_judged"] == "4"
+
+
+def test_the_headline_counts_the_questions_its_hit_rate_is_over(tmp_path: Path) -> None:
+    run = crafted_run(tmp_path / "run")
+    result = run_cli("stats", "--out", str(run))
+    assert result.exit_code == 0, result.output
+    _, overall, _ = summaries(run)
+    rank_counts = [int(overall[name]) for name in overall if name.startswith("rank_")]
+    scored = int(overall["missed"]) + sum(rank_counts)
+    assert scored < int(overall["questions"])  # error rows and unanswered ones are not scored
+    hit_rate = float(overall["hit_rate"])
+    said = " ".join(result.output.split())
+    assert f"the source chunk is retrieved for {hit_rate:.0%} of {scored} questions" in said
+
+
+def test_the_headline_of_a_run_whose_every_question_failed_says_so(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    qa = [[f"q{i}", f"c{i}", "doc", f"Q{i}?", f"T{i}", "ok", ""] for i in range(3)]
+    write_csv(run / "qa_dataset.csv", QA_HEADER, qa)
+    failed = [[f"q{i}", "", "", "", "error", "connection refused"] for i in range(3)]
+    write_csv(run / "answers.csv", ANSWER_HEADER, failed)
+    result = run_cli("stats", "--out", str(run))
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "Every one of the 3 questions ended in error" in said
+    assert "run answer and judge" not in said and "nan" not in said

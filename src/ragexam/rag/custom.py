@@ -58,7 +58,7 @@ def load_rag(spec: str) -> Any:
     except SystemExit as exc:  # argparse at import, most often: it read ragexam's arguments
         raise ConfigError(
             f"--rag {spec!r}: importing {module_name!r} called sys.exit({exc.code!r}) (parse "
-            "command-line arguments under `if __name__ == \"__main__\":`, not at import)"
+            'command-line arguments under `if __name__ == "__main__":`, not at import)'
         ) from None
     target: Any = module
     for part in attribute.split("."):

@@ -28,10 +28,9 @@ def headline(result: StatsResult) -> str:
     row = result.overall.iloc[0]
     completeness = row.get("completeness_mean")
     if pd.isna(completeness):
-        return "No answer is graded yet: run answer and judge, then stats."
+        return _ungraded(row)
     sentence = (
-        f"Answers are {completeness:.0%} complete, and the source chunk is retrieved for "
-        f"{row['hit_rate']:.0%} of {int(row['questions']):,} questions; {_where(result)}; "
+        f"Answers are {completeness:.0%} complete, and {_retrieval(row)}; {_where(result)}; "
         f"{TRY.get(str(row['diagnosis']), TRY['ok'])}."
     )
     controls = result.controls
@@ -41,6 +40,28 @@ def headline(result: StatsResult) -> str:
             sentence
         )
     return sentence
+
+
+def _ungraded(row: pd.Series) -> str:
+    """Why no answer has a grade: none to grade, every one in error, or not judged yet."""
+    questions, errors = int(row.get("questions", 0)), int(row.get("errors", 0))
+    if questions == 0:
+        return "No question to summarise: the exam is empty, or every question is left out."
+    if errors == questions:
+        return (
+            f"Every one of the {questions:,} questions ended in error: their rows' error column "
+            "says why; fix the cause and rerun the stage that failed."
+        )
+    return "No answer is graded yet: run answer and judge, then stats."
+
+
+def _retrieval(row: pd.Series) -> str:
+    """The hit rate, over the questions it is measured on (those with a source chunk, answered)."""
+    ranks = [name for name in row.index if name.startswith("rank_")]
+    scored = int(row.get("missed", 0)) + int(sum(row[name] for name in ranks))
+    if pd.isna(row.get("hit_rate")) or scored == 0:
+        return "no answered question has a source chunk to retrieve"
+    return f"the source chunk is retrieved for {row['hit_rate']:.0%} of {scored:,} questions"
 
 
 def _where(result: StatsResult) -> str:
