@@ -146,6 +146,8 @@ def test_compare_pairs_two_runs_on_one_exam_key_point_by_key_point(
     assert len(changes) == 6 and {r["document"] for r in changes} == {"forgetful.md"}
     assert {(r["verdict_a"], r["verdict_b"]) for r in changes} == {("present", "absent")}
     assert "key points: 0 gained, 6 lost in run B" in " ".join(result.output.split())
+    assert {r["kind"] for r in table.values() if r["metric"] == "key_points"} == {"all"}
+    assert "nan" not in result.output  # the table's kind column, as for every other metric
 
 
 def test_compare_leaves_out_a_key_point_whose_text_differs(env: FakeOpenAI, tmp_path: Path) -> None:

@@ -68,10 +68,13 @@ def pair(run_a: Path, run_b: Path, documents: pd.Series) -> tuple[pd.DataFrame, 
 def rows(paired: pd.DataFrame, seed: int) -> pd.DataFrame:
     """The key_points metric over every pair (ALL) and per document, as comparison.csv rows."""
     a, b = paired["credit_a"].to_numpy(), paired["credit_b"].to_numpy()
-    overall = {"document": "ALL", "metric": METRIC, **asdict(compare_paired(a, b, seed=seed))}
+    # every kind of question together, as compare's other metrics' kind `all` rows
+    overall = {"document": "ALL", "kind": "all", "metric": METRIC}
+    overall |= asdict(compare_paired(a, b, seed=seed))
     codes, documents = pd.factorize(paired["document"], sort=True)
     figures = grouped_compare(codes.astype(np.int64), a, b, len(documents), seed=seed)
-    by_document = pd.DataFrame({"document": documents.astype(str), "metric": METRIC} | figures)
+    named = {"document": documents.astype(str), "kind": "all", "metric": METRIC}
+    by_document = pd.DataFrame(named | figures)
     return pd.concat([pd.DataFrame([overall]), by_document], ignore_index=True)
 
 
