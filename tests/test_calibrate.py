@@ -164,6 +164,8 @@ def test_template_then_labels_round_trip(env: FakeOpenAI, tmp_path: Path) -> Non
     run = graded_run(tmp_path / "run", env)
     result = run_cli("calibrate", "--template", "4", "--out", str(run), "--seed", "5")
     assert result.exit_code == 0, result.output
+    told = " ".join(result.output.split()).split("then run: ")[1]
+    assert told == f"ragexam calibrate {run / 'labels_template.csv'} --out {run}"  # runs as said
     with (run / "labels_template.csv").open(newline="") as handle:
         reader = csv.DictReader(handle)
         rows = list(reader)
@@ -288,3 +290,10 @@ def test_a_label_whose_judgment_failed_is_left_out_and_said(
     assert result.exit_code == 0, result.output
     assert "Warning: 1 labelled rows left out: their judgment is an error row" in result.output
     assert calibration(run)["completeness"]["n"] == "7"
+
+
+def test_labels_are_on_the_unit_or_ten_scale_and_help_offers_no_other(tmp_path: Path) -> None:
+    shown = run_cli("calibrate", "--help")
+    assert "<unit|ten>" in shown.output and "key-points" not in shown.output
+    refused = run_cli("calibrate", "labels.csv", "--scale", "key-points", "--out", str(tmp_path))
+    assert refused.exit_code == 2 and "key-points" in refused.output

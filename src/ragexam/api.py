@@ -352,15 +352,14 @@ def _calibrate(given: Given, session: Session) -> Result:
     from ragexam.analysis.labels import write_template
 
     asked = given.calibrating
-    if asked.scale is Scale.key_points:
-        raise ConfigError("--scale of labels is unit (0..1) or ten (0..10): a person's grades")
     if (asked.labels is None) == (asked.template is None):
         raise ConfigError("give LABELS.csv to measure the judge, or --template N to write one")
     if asked.labels is None:
         path, count = write_template(given.out, asked.template or 0, given.folder.seed)
         session.observer.template(path, count)
         return Result({"labels_template": path}, {"questions": count})
-    result = run_calibrate(asked.labels, given.out, asked.scale, given.folder.seed)
+    scale = Scale(asked.scale.value)  # a person's: unit or ten
+    result = run_calibrate(asked.labels, given.out, scale, given.folder.seed)
     session.observer.calibrated(result)
     return Result({"calibration": result.path}, {"reading": result.reading}, result)
 

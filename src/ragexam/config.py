@@ -54,6 +54,13 @@ class Scale(StrEnum):
     ten = "ten"
 
 
+class LabelScale(StrEnum):
+    """How a person's grades are given (calibrate): floats 0..1, or integers 0..10."""
+
+    unit = "unit"
+    ten = "ten"
+
+
 class AnswerContext(StrEnum):
     """What the answerer is given: the retrieved chunks, the source chunk alone, or nothing."""
 

@@ -31,7 +31,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from ragexam.config import AnswerContext, Scale, StructuredMethod
+from ragexam.config import AnswerContext, LabelScale, Scale, StructuredMethod
 from ragexam.errors import ConfigError
 
 DEFAULT_K = 5  # chunks retrieved per question, and the metrics' cutoff when answer recorded none
@@ -246,7 +246,7 @@ class Calibrating:
     labels: Path | None = option(
         None, "Your grades: qa_id, completeness and/or conciseness.", argument=True
     )
-    scale: Scale = option(Scale.unit, "Your labels: unit (0..1) or ten (0..10).")
+    scale: LabelScale = option(LabelScale.unit, "Your labels: unit (0..1) or ten (0..10).")
     template: int | None = option(None, "Write labels_template.csv: N questions to grade.", min=1)
 
 

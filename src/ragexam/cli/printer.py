@@ -156,7 +156,7 @@ class Printer(Observer):
         """Where the labels template is, and what to do with it."""
         say(
             f"labels template: {count} questions -> {path}; fill in completeness and/or "
-            f"conciseness from 0 to 1, then run: ragexam calibrate {path}"
+            f"conciseness from 0 to 1, then run: ragexam calibrate {path} --out {path.parent}"
         )
 
 
