@@ -253,6 +253,8 @@ def test_a_huge_k_is_capped_at_the_deepest_rank_retrieved(tmp_path: Path) -> Non
     result = run_cli("stats", "--out", str(run), "--k", "10000")
     assert result.exit_code == 0, result.output
     assert "cutoff k=7" in result.output  # b2's rank 7 is the deepest; one id per answer
+    said = " ".join(result.output.split())
+    assert "--k 10000 is past every answer's retrieved chunks (7 at most)" in said  # not silent
     by_document, _, _ = summaries(run)
     assert math.isclose(float(by_document["E"]["precision"]), 1 / 7)  # e1: hit at rank 1, K=7
     assert math.isclose(float(by_document["E"]["f1"]), 2 / (7 + 1))

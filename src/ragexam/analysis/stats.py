@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -50,6 +51,8 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 CI = Callable[[IntArray, FloatArray, int], tuple[FloatArray, FloatArray]]
 
+logger = logging.getLogger("ragexam")
+
 
 @dataclass(frozen=True)
 class StatsOptions:
@@ -78,7 +81,13 @@ def _summarise_run(options: StatsOptions) -> StatsResult:
     exam = folder.exam()  # answer records where its exam came from
     questions = select(questions, exam, options.split, options.exclude_flagged)
     k = resolve_k(out, options.k)
-    k = min(k, deepest_rank(out, questions) or k)  # a k past every retrieved chunk adds nothing
+    deepest = deepest_rank(out, questions) or k
+    if options.k is not None and options.k > deepest:  # asked for: never silently ignored
+        logger.warning(
+            f"stats: --k {options.k} is past every answer's retrieved chunks ({deepest} at "
+            f"most): the figures are at k={deepest}"
+        )
+    k = min(k, deepest)  # a k past every retrieved chunk adds nothing
     states = question_states(questions, k)
     by_document, overall = summarise(questions, states, options.seed)
     kinds = summarise_kinds(questions, states, overall, options.seed)
