@@ -77,6 +77,22 @@ def test_an_unreachable_endpoint_stops_the_stage_with_exit_4(
     assert len(read_csv(output) if output.exists() else []) < 20  # not 300 error rows
 
 
+def test_an_unreachable_endpoint_stops_a_small_stage_with_exit_4_too(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 3 chunks make fewer calls than the first-calls cut-off: it is said at the end, not
+    # as "3 of 3 rows ended in error" (exit 1), which blames the rows
+    store = build_store(tmp_path / "store", docs(3))
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    monkeypatch.setenv("OPENAI_BASE_URL", url)
+    monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "1")
+    result = run_cli("generate", "--chroma", str(store), "--out", "run", "--limit", "3")
+    assert result.exit_code == 4, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(lines) == 1 and url in lines[0] and "failed every call of the stage" in lines[0]
+    assert "connect" in lines[0].lower() and "ended in error" not in result.output
+
+
 def ignore_sigint() -> None:
     """What a non-interactive shell does to a job it starts with `&`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -274,6 +274,7 @@ class Reachability:
         self.redact = redact
         self.missed = 0  # calls that failed to reach it before any reached it
         self.ok = False
+        self.cause = ""  # why the last of them failed
 
     def reached(self) -> None:
         """A call got an answer from the endpoint."""
@@ -290,9 +291,20 @@ class Reachability:
         if self.ok or not missed:
             return
         self.missed += 1
+        cause = root_cause(exc) if isinstance(exc, openai.APIConnectionError) else exc
+        self.cause = self.redact(str(cause))
         if self.missed >= UNREACHABLE_TO_STOP:
-            cause = root_cause(exc) if isinstance(exc, openai.APIConnectionError) else exc
             raise EndpointError(
                 f"the endpoint {self.endpoint} failed the first {self.missed} calls: cannot "
-                f"connect: {self.redact(str(cause))}; check OPENAI_BASE_URL and that it is up"
+                f"connect: {self.cause}; check OPENAI_BASE_URL and that it is up"
             )
+
+    def never_reached(self) -> EndpointError | None:
+        """After a stage: the error to stop with when it made calls and none reached the
+        endpoint (a stage of fewer calls than UNREACHABLE_TO_STOP), else None."""
+        if self.ok or not self.missed:
+            return None
+        return EndpointError(
+            f"the endpoint {self.endpoint} failed every call of the stage ({self.missed}): "
+            f"cannot connect: {self.cause}; check OPENAI_BASE_URL and that it is up"
+        )

@@ -456,6 +456,10 @@ def _execute(
         except OutputFileError:
             if status == "finished":
                 raise  # otherwise the error that stopped the run is the one to show
+    llm = getattr(plan, "llm", None)
+    unreached = llm.reachability.never_reached() if llm is not None else None
+    if unreached is not None:  # a stage too small to meet the first-calls cut-off
+        raise unreached
     return runner.outcome
 
 
