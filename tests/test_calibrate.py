@@ -296,4 +296,4 @@ def test_labels_are_on_the_unit_or_ten_scale_and_help_offers_no_other(tmp_path: 
     shown = run_cli("calibrate", "--help")
     assert "<unit|ten>" in shown.output and "key-points" not in shown.output
     refused = run_cli("calibrate", "labels.csv", "--scale", "key-points", "--out", str(tmp_path))
-    assert refused.exit_code == 2 and "key-points" in refused.output
+    assert refused.exit_code == 2 and "Invalid value for '--scale'" in refused.output

@@ -212,3 +212,14 @@ def test_a_404_is_not_retried(env: FakeOpenAI, tmp_path: Path) -> None:
     assert rows["chunk-0003"]["status"] == "error"
     assert rows["chunk-0003"]["attempts"] == "1" and "HTTP 404" in rows["chunk-0003"]["error"]
     assert env.count() == 30
+
+
+def test_too_many_error_rows_name_the_commonest_reason(env: FakeOpenAI, tmp_path: Path) -> None:
+    blank = [Document(page_content=" ", metadata={"source": "blank.md"}, id="chunk-blank")]
+    store = build_store(tmp_path / "store", docs(5) + blank)
+    result = run_cli("generate", "--chroma", str(store), "--out", "run")
+    assert result.exit_code == 1, result.output
+    said = " ".join(result.output.split())
+    assert "1 of 6 rows (16.7%) ended in error" in said
+    assert "most often (1): the chunk is empty or whitespace only" in said
+    assert "need --max-error-rate to go on" in said

@@ -304,5 +304,5 @@ def test_labels_are_not_graded_by_key_points(env: FakeOpenAI, tmp_path: Path) ->
     labels = tmp_path / "labels.csv"
     labels.write_text("qa_id,completeness\nq0,1\n")
     result = run_cli("calibrate", str(labels), "--scale", "key-points")
-    assert result.exit_code == 2
-    assert "--scale of labels is unit (0..1) or ten (0..10)" in result.output
+    assert result.exit_code == 2  # a person's labels: unit or ten, the only choices offered
+    assert "Invalid value for '--scale'" in result.output and "'key-points'" in result.output

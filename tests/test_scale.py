@@ -138,7 +138,8 @@ def test_a_dropped_connection_is_retried_and_named_not_called_a_timeout(
     with hanging_up() as url:
         monkeypatch.setenv("OPENAI_BASE_URL", url)
         result = run_cli("judge", "--controls", "0", "--out", "run", "--max-error-rate", "1")
-    assert result.exit_code == 0, result.output
+    # no call reached the endpoint: exit 4, whatever --max-error-rate allows, rows kept
+    assert result.exit_code == 4 and "Server disconnected" in result.output, result.output
     rows = read_csv(tmp_path / "run" / "judgments.csv")
     assert len(rows) == 3 and {row["status"] for row in rows} == {"error"}
     for row in rows:
@@ -177,7 +178,7 @@ def test_the_proxy_the_environment_names_is_used(
     with hanging_up() as proxy:
         monkeypatch.setenv("HTTP_PROXY", proxy.removesuffix("/v1"))
         result = run_cli("judge", "--out", "run", "--max-error-rate", "1")
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 4, result.output  # no call got through
     rows = read_csv(tmp_path / "run" / "judgments.csv")
     # the proxy took the calls (and hung up on them): the unknown host was never looked up
     assert all("Server disconnected" in row["error"] for row in rows), rows
@@ -238,7 +239,7 @@ def test_an_https_endpoint_is_checked_against_trusted_roots(
         monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "0")
         exam(tmp_path / "run", 1)
         result = run_cli("judge", "--controls", "0", "--out", "run", "--max-error-rate", "1")
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 4 and "certificate verify failed" in result.output, result.output
     (row,) = read_csv(tmp_path / "run" / "judgments.csv")
     # a self-signed certificate is refused: the key is never sent to an unverified server
     assert "certificate verify failed" in row["error"], row["error"]

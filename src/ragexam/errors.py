@@ -145,12 +145,16 @@ class TooManyErrors(RagexamError):
 
     exit_code = 1
 
-    def __init__(self, errors: int, total: int, limit: float, path: Path) -> None:
+    def __init__(
+        self, errors: int, total: int, limit: float, path: Path, reason: tuple[str, int] | None
+    ) -> None:
         self.errors, self.total, self.limit, self.path = errors, total, limit, path
         share = errors / total if total else 0.0
+        said = f", most often ({reason[1]}): {reason[0]}" if reason else ""
         super().__init__(
             f"{errors} of {total} rows ({share:.1%}) ended in error, above --max-error-rate "
-            f"{limit:g}; the reasons are in the error column of {path}; rerun to retry them"
+            f"{limit:g}; the reasons are in the error column of {path}{said}. A rerun retries "
+            "them; rows that cannot pass (an empty chunk) need --max-error-rate to go on"
         )
 
 

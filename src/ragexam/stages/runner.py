@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -481,7 +482,12 @@ async def aiter_of(tasks: Iterable[Task] | AsyncIterator[Task]) -> AsyncIterator
 
 def check_error_rate(path: Path, limit: float) -> None:
     """Raise TooManyErrors when the output holds more error rows than `limit` allows."""
-    statuses = read_columns(path, ["status"], optional=())["status"]  # not a million dicts
-    errors = sum(status != "ok" for status in statuses)
-    if statuses and errors / len(statuses) > limit:
-        raise TooManyErrors(errors, len(statuses), limit, path)
+    columns = read_columns(path, ["status"], optional=("error",))  # not a million dicts
+    statuses = columns["status"]
+    errors = [at for at, status in enumerate(statuses) if status != "ok"]
+    if not statuses or len(errors) / len(statuses) <= limit:
+        return
+    said = columns.get("error", ())
+    reasons = Counter(" ".join(said[at].split())[:160] for at in errors if said and said[at])
+    common = reasons.most_common(1)[0] if reasons else None
+    raise TooManyErrors(len(errors), len(statuses), limit, path, common)
