@@ -308,3 +308,12 @@ def test_the_headline_of_a_run_whose_every_question_failed_says_so(tmp_path: Pat
     said = " ".join(result.output.split())
     assert "Every one of the 3 questions ended in error" in said
     assert "run answer and judge" not in said and "nan" not in said
+
+
+def test_stats_on_a_folder_that_is_not_there_makes_none(tmp_path: Path) -> None:
+    result = run_cli("stats", "--out", str(tmp_path / "typo"))
+    assert result.exit_code == 2
+    assert result.output.strip().endswith(
+        "typo: is not a run folder; --out names the run to summarise"
+    )
+    assert not (tmp_path / "typo").exists()  # not even for its lock

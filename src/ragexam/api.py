@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ragexam.config import Scale
-from ragexam.errors import BatchPending, ConfigError
+from ragexam.errors import BatchPending, ConfigError, InputFileError
 from ragexam.io.runfolder import CONTROL_RUNS, RunFolder
 from ragexam.options import (
     ANSWER,
@@ -303,6 +303,8 @@ def _stats(given: Given, session: Session) -> Result:
 
     gate = given.summary.fail_under
     bounds = parse_bounds(gate) if gate is not None else None
+    if not given.out.is_dir():  # summarises a run folder: makes none, not even for its lock
+        raise InputFileError(given.out, "is not a run folder; --out names the run to summarise")
     with session.holding(given.out):
         result = run_stats(
             StatsOptions(
