@@ -255,3 +255,21 @@ def test_the_exam_joins_each_ok_answer_to_its_question_and_document(tmp_path: Pa
         Exam("q2", None, None, "Answer #2.", "doc2"),
         Exam("q0", "Question #0?", "Truth #0.", "Answer #0.", "doc0"),
     ]
+
+
+def test_the_error_rows_of_questions_taken_out_of_the_exam_are_not_counted(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    exam(run, 6)
+    assert run_cli("judge", "--out", "run", "--controls", "0").exit_code == 0
+    graded = read_csv(run / "judgments.csv")
+    graded[0] |= {"status": "error", "error": "HTTP 500", "completeness": "", "conciseness": ""}
+    write_dict_rows(run / "judgments.csv", graded)
+    taken_out = graded[0]["qa_id"]
+    for name in ("qa_dataset.csv", "answers.csv"):  # the question is taken out of the exam
+        rows = [row for row in read_csv(run / name) if row["qa_id"] != taken_out]
+        write_dict_rows(run / name, rows)
+    again = run_cli("judge", "--out", "run", "--controls", "0")
+    assert again.exit_code == 0, again.output  # 1 of 6 rows, but 0 of the exam's 5
+    assert "nothing to do" in again.output

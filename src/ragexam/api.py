@@ -237,10 +237,11 @@ def _stage(
 def _checked(result: Result, settings: Settings) -> Result:
     """The result, unless requests wait for their batch results (BatchPending), or its file
     holds more error rows than allowed (TooManyErrors)."""
-    from ragexam.stages.runner import check_error_rate
+    from ragexam.stages.runner import StageResult, check_error_rate
 
     _waiting(result)
-    check_error_rate(result.path, settings.max_error_rate)
+    keys = result.detail.keys if isinstance(result.detail, StageResult) else None
+    check_error_rate(result.path, settings.max_error_rate, keys)
     return result
 
 

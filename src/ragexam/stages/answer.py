@@ -105,7 +105,8 @@ def run_answer(settings: Settings, given: Given, session: Session) -> StageResul
     if exam_of is not None:
         folder.claim(exam_of)
     outcome = execute(stage, plan, record, how, session)
-    return StageResult(outcome, stage.path, skipped)
+    keys = frozenset(question.qa_id for question in plan.questions)
+    return StageResult(outcome, stage.path, skipped, keys=keys)
 
 
 def check_inputs(settings: Settings, given: Given, session: Session) -> None:

@@ -73,7 +73,8 @@ def run_judge(settings: Settings, given: Given, session: Session, exams: Exams) 
     plan = JudgePlan(settings, given, exams.exams, session, exams.scale)
     stage = plan.stage("judge", RunFolder(given.out).judgments, "qa_id", JUDGE_COLUMNS)
     outcome = _execute(settings, given, plan, stage, {"skipped": exams.skipped}, session)
-    return StageResult(outcome, stage.path, exams.skipped)
+    keys = frozenset(exam.qa_id for exam in exams.exams)
+    return StageResult(outcome, stage.path, exams.skipped, keys=keys)
 
 
 def sources_of(exams: list[Exam]) -> list[Source]:

@@ -10,7 +10,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,6 +139,9 @@ class StageResult:
     path: Path
     skipped: int = 0
     notes: tuple[str, ...] = ()  # what else to tell of it (the harder questions kept)
+    # the keys of the rows this run's inputs hold (None: every row of the file): the error
+    # rows of others (questions since taken out of the exam) are not this run's to count
+    keys: Collection[str] | None = None
 
 
 # A row's values; None: the task writes no row (a harder question dropped by its verification)
@@ -480,10 +491,17 @@ async def aiter_of(tasks: Iterable[Task] | AsyncIterator[Task]) -> AsyncIterator
             yield task
 
 
-def check_error_rate(path: Path, limit: float) -> None:
-    """Raise TooManyErrors when the output holds more error rows than `limit` allows."""
-    columns = read_columns(path, ["status"], optional=("error",))  # not a million dicts
+def check_error_rate(
+    path: Path, limit: float, keys: Collection[str] | None = None, key: str = "qa_id"
+) -> None:
+    """Raise TooManyErrors when the output holds more error rows than `limit` allows (of the
+    rows whose `key` is among `keys`, when given)."""
+    columns = read_columns(path, ["status"], optional=("error", key))  # not a million dicts
     statuses = columns["status"]
+    if keys is not None and key in columns:
+        mine = [at for at, found in enumerate(columns[key]) if found in keys]
+        columns = {name: [cells[at] for at in mine] for name, cells in columns.items()}
+        statuses = columns["status"]
     errors = [at for at, status in enumerate(statuses) if status != "ok"]
     if not statuses or len(errors) / len(statuses) <= limit:
         return
