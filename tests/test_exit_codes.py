@@ -162,3 +162,23 @@ def test_a_run_a_script_started_in_the_background_ends_on_kill_and_on_ctrl_c(
     env.latency = 0.0
     assert run_cli(*args).exit_code == 0
     assert env.count() - calls == 120 - len(kept)  # every finished row was kept
+
+
+def test_a_stopped_stage_still_says_what_it_noted(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ragexam.stages.runner import Runner
+
+    store = build_store(tmp_path / "store", docs(12))
+    real = Runner.settle
+
+    def ctrl_c_after_one(self: Runner, *args: Any) -> None:
+        real(self, *args)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Runner, "settle", ctrl_c_after_one)
+    result = run_cli("generate", "--chroma", str(store), "--out", "run")
+    assert result.exit_code == 130
+    said = result.output.splitlines()
+    assert said[-1].startswith("Interrupted: every finished row is saved")
+    assert any(line.startswith("reading a snapshot of") for line in said[:-1])  # not lost

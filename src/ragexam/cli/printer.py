@@ -51,10 +51,20 @@ class Printer(Observer):
         the cycle collector held while the command started runs again."""
         if self.collector is not None:
             self.collector.release()
-        return progress_bar(stage)
+        return self._bar(stage)
+
+    @contextmanager
+    def _bar(self, stage: str) -> Iterator[Progress | None]:
+        try:
+            with progress_bar(stage) as bar:
+                yield bar
+        except KeyboardInterrupt:
+            self.say_notes()  # stopped: what was noted is said all the same, bar gone
+            raise
 
     def note(self, text: str) -> None:
-        """Said once the stage's bar is gone."""
+        """Said once the stage's bar is gone (or it is stopped); not before an error, which
+        is one line."""
         self.notes.append(text)
 
     def say_notes(self) -> None:
