@@ -85,3 +85,37 @@ def test_each_error_reason_is_shown_whole(env: FakeOpenAI, tmp_path: Path) -> No
     result = run_cli("answer", "--out", "run", "--rag", "failing:answer", "--max-error-rate", "1")
     assert result.exit_code == 0, result.output
     assert f"2 x the RAG callable raised RuntimeError: {reason.strip()}" in result.output
+
+
+def test_a_file_given_for_a_folder_is_named_as_a_file(env: FakeOpenAI, tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", docs(3))
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("not a folder")
+    chroma = run_cli("generate", "--chroma", str(a_file), "--out", "run")
+    assert chroma.exit_code == 2
+    assert chroma.output == f"Error: no Chroma store at {a_file}: a file, not a store's folder\n"
+    for out in (a_file, a_file / "run"):
+        result = run_cli("generate", "--chroma", str(store), "--out", str(out))
+        assert result.exit_code == 2
+        assert f"({a_file} is a file, not a folder); pass a writable --out" in result.output
+    assert env.requests == []
+
+
+def test_a_bad_setting_names_its_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAGEXAM_CONCURRENCY", "abc")
+    result = run_cli("judge", "--out", str(tmp_path))
+    assert result.exit_code == 2
+    assert result.output.startswith("Error: invalid setting: RAGEXAM_CONCURRENCY (environment")
+
+
+def test_openais_own_base_url_still_needs_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setenv("OPENAI_BASE_URL", "https://api.openai.com/v1")
+    from support import exam
+
+    exam(tmp_path / "run", 2)
+    result = run_cli("judge", "--out", str(tmp_path / "run"), "--controls", "0")
+    assert result.exit_code == 2
+    assert result.output.startswith("Error: OPENAI_API_KEY is not set")

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlparse
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -71,6 +72,9 @@ class AnswerContext(StrEnum):
 
 def _env(*names: str) -> Any:
     return Field(None, validation_alias=AliasChoices(*names))
+
+
+OPENAI_HOST = "api.openai.com"  # a base URL of OpenAI's own needs the key as the default does
 
 
 class Settings(BaseSettings):
@@ -158,7 +162,7 @@ class Settings(BaseSettings):
         """The key to send; a local server (custom base URL) may do without one."""
         if self.openai_api_key and self.openai_api_key.get_secret_value():
             return self.openai_api_key
-        if self.openai_base_url:
+        if self.openai_base_url and not _openai(self.openai_base_url):
             return SecretStr("not-needed")
         raise ConfigError(
             "OPENAI_API_KEY is not set: export it or put it in .env, or set OPENAI_BASE_URL "
@@ -206,8 +210,13 @@ def export_env_file(env_file: Path = Path(".env")) -> None:
         if value is not None:
             os.environ.setdefault(name, value)
     base_url = os.environ.get("OPENAI_BASE_URL")
-    if not os.environ.get("OPENAI_API_KEY") and base_url:
+    if not os.environ.get("OPENAI_API_KEY") and base_url and not _openai(base_url):
         os.environ["OPENAI_API_KEY"] = "not-needed"  # a local server: libraries insist on one
+
+
+def _openai(base_url: str) -> bool:
+    """Whether a base URL is OpenAI's own, which needs the key."""
+    return urlparse(base_url).hostname == OPENAI_HOST
 
 
 @contextmanager
@@ -245,8 +254,18 @@ def _first_error(exc: ValueError) -> str:
     if callable(errors):
         first = errors()[0]
         where = ".".join(str(part) for part in first.get("loc", ()))
-        return f"{where}: {first.get('msg')}"
+        return f"{_variable(where)}: {first.get('msg')}"
     return str(exc).splitlines()[0]
+
+
+def _variable(name: str) -> str:
+    """The environment variable a setting is read from, as the user wrote it (a flag's bad
+    value is refused before settings are read)."""
+    field = Settings.model_fields.get(name)
+    alias = field.validation_alias if field is not None else None
+    choices = alias.choices if isinstance(alias, AliasChoices) else []
+    named = [choice for choice in choices if isinstance(choice, str) and choice.isupper()]
+    return f"{named[0]} (environment or .env)" if named else name
 
 
 def debug_enabled() -> bool:

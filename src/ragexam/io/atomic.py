@@ -23,6 +23,20 @@ def write_error(path: Path, exc: OSError, advice: str = "") -> OutputFileError:
     return OutputFileError(path, f"cannot be written: {exc.strerror or exc}{advice}")
 
 
+def folder_error(path: Path, exc: OSError) -> OutputFileError:
+    """The one-line error for a run folder that cannot be made or written: a file in its place
+    (or in a parent's), or the system's reason."""
+    for part in (path, *path.parents):
+        if part.exists() and not part.is_dir():
+            reason = f"{part} is a file, not a folder"
+            break
+    else:
+        reason = exc.strerror or str(exc)
+    return OutputFileError(
+        path, f"cannot be written as a run folder ({reason}); pass a writable --out"
+    )
+
+
 @contextmanager
 def atomic_file(path: Path) -> Iterator[IO[str]]:
     """Write a text file under a unique temporary name, then rename it over `path`.

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 
-from ragexam.errors import OutputFileError, RunFolderBusy
+from ragexam.errors import RunFolderBusy
+from ragexam.io.atomic import folder_error
 
 LOCK_FILE = ".ragexam.lock"
 
@@ -54,9 +55,7 @@ def _acquire(out: Path) -> int:
         out.mkdir(parents=True, exist_ok=True)
         descriptor = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
-        raise OutputFileError(
-            out, f"cannot be written as a run folder ({exc.strerror}); pass a writable --out"
-        ) from None
+        raise folder_error(out, exc) from None
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

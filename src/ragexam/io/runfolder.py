@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ragexam.config import AnswerContext
-from ragexam.errors import ConfigError, OutputFileError
+from ragexam.errors import ConfigError
+from ragexam.io.atomic import folder_error
 from ragexam.io.manifest import read_manifest, set_run_field
 
 QA_FILE = "qa_dataset.csv"
@@ -167,10 +168,7 @@ class RunFolder:
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise OutputFileError(
-                self.path,
-                f"cannot be written as a run folder ({exc.strerror}); pass a writable --out",
-            ) from None
+            raise folder_error(self.path, exc) from None
 
 
 def _legacy_store(store: str) -> str:

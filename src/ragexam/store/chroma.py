@@ -150,7 +150,8 @@ def _open_persistent(path: Path, notify: Callable[[str], None] | None, snapshots
     import chromadb
 
     if not path.is_dir():
-        raise StoreError(f"no Chroma store at {path}: the directory does not exist")
+        what = "a file, not a store's folder" if path.exists() else "the directory does not exist"
+        raise StoreError(f"no Chroma store at {path}: {what}")
     if not (path / "chroma.sqlite3").is_file():
         raise StoreError(f"no Chroma store at {path}: it holds no chroma.sqlite3")
     snapshot, fresh = snapshots.of(path)
