@@ -63,6 +63,15 @@ def rows(tmp_path: Path) -> list[dict[str, str]]:
     return read_csv(tmp_path / "run" / "judgments.csv")
 
 
+def results_file(env: FakeOpenAI, tmp_path: Path) -> Path:
+    """--batch-dir on an exam of N rows, its requests answered: the one results file."""
+    exam(tmp_path / "run", N)
+    assert run_cli(*DIR_JUDGE).exit_code == WAITING
+    run_batch_files(env, tmp_path / "files")
+    (path,) = (tmp_path / "files" / "results").iterdir()
+    return path
+
+
 def assert_billed_as_the_rows(tmp_path: Path, calls: int) -> None:
     """The record's calls, and tokens equal to the sums of the rows' (every row ok)."""
     found, record = rows(tmp_path), record_of(tmp_path)
@@ -124,6 +133,7 @@ def test_a_rerun_with_nothing_to_do_keeps_the_jobs_record(
     for name in ("calls", "tokens_billed", "cost_usd"):
         assert record[name] == first[name] and first[name], name
     assert record["batch"]["runs"] == first["batch"]["runs"] == 1
+    assert record["batch"]["rounds"] == first["batch"]["rounds"]
     assert record["batch"]["seconds"] == first["batch"]["seconds"] is not None
 
 
@@ -165,9 +175,7 @@ def test_batch_dir_killed_as_a_pass_is_recorded_bills_its_results_once(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:
     env.responder = cut_then_grade
-    exam(tmp_path / "run", N)
-    assert run_cli(*DIR_JUDGE).exit_code == WAITING
-    run_batch_files(env, tmp_path / "files")
+    results_file(env, tmp_path)
     assert killed_at("event:merged", 1, *DIR_JUDGE) == KILLED  # merged: re-asks written
     assert run_cli(*DIR_JUDGE).exit_code == WAITING  # the same file is not read again
     run_batch_files(env, tmp_path / "files")
@@ -178,10 +186,7 @@ def test_batch_dir_killed_as_a_pass_is_recorded_bills_its_results_once(
 def test_batch_dir_lines_the_engine_writes_while_it_merges_are_merged_next_run(
     env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    exam(tmp_path / "run", N)
-    assert run_cli(*DIR_JUDGE).exit_code == WAITING
-    run_batch_files(env, tmp_path / "files")
-    (path,) = (tmp_path / "files" / "results").iterdir()
+    path = results_file(env, tmp_path)
     whole = path.read_bytes().splitlines(keepends=True)
     path.write_bytes(b"".join(whole[:6]))  # the engine has written half its output so far
     real = replay.ResultIndex.__init__
@@ -217,11 +222,8 @@ def test_batch_dir_a_result_file_named_in_another_encoding_is_merged(
 def test_batch_dir_a_request_answered_in_two_files_is_merged_and_billed_once(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:
-    exam(tmp_path / "run", N)
-    assert run_cli(*DIR_JUDGE).exit_code == WAITING
-    run_batch_files(env, tmp_path / "files")
-    results = tmp_path / "files" / "results"
-    (path,) = results.iterdir()
+    path = results_file(env, tmp_path)
+    results = path.parent
     (results / "copy.jsonl").write_bytes(path.read_bytes())  # the same results, twice
     assert run_cli(*DIR_JUDGE).exit_code == 0
     assert_billed_as_the_rows(tmp_path, N)
@@ -239,3 +241,65 @@ def test_batch_dir_results_of_requests_no_longer_made_are_said_unused(
     said = " ".join(result.output.split())
     assert "the results of 4 rows answer requests these rows no longer make" in said
     assert len(rows(tmp_path)) == N - 4
+
+
+def test_batch_dir_a_smaller_limit_ends_the_loop_and_the_rest_is_not_bought_again(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    exam(tmp_path / "run", N)
+    assert run_cli(*DIR_JUDGE).exit_code == WAITING
+    answered = run_batch_files(env, tmp_path / "files")  # every request answered
+    # the 6 rows a smaller --limit leaves out have their results carried: nothing waits
+    assert run_cli(*DIR_JUDGE, "--limit", "6").exit_code == 0
+    assert not list((tmp_path / "files" / "requests").glob("*.jsonl"))  # moved to done/
+    assert run_cli(*DIR_JUDGE).exit_code == 0  # the other 6, from what was carried
+    assert answered == N and run_batch_files(env, tmp_path / "files") == 0
+    assert_billed_as_the_rows(tmp_path, N)
+
+
+def test_batch_dir_a_file_run_again_under_another_name_is_billed_once(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    path = results_file(env, tmp_path)
+    results = path.parent
+    whole = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(whole[:6]))  # the machine died halfway
+    assert run_cli(*DIR_JUDGE).exit_code == WAITING
+    (results / "again.jsonl").write_bytes(b"".join(whole))  # the file run again, renamed
+    assert run_cli(*DIR_JUDGE).exit_code == 0
+    assert_billed_as_the_rows(tmp_path, N)
+
+
+def test_batch_dir_killed_as_a_shard_resolves_its_file_is_not_run_again(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    env.responder = cut_then_grade
+    results_file(env, tmp_path)
+    assert killed_at("event:resolved", 1, *DIR_JUDGE) == KILLED
+    assert run_cli(*DIR_JUDGE).exit_code == WAITING
+    left = sorted(path.name for path in (tmp_path / "files" / "requests").glob("*.jsonl"))
+    assert left == ["judge-000002.jsonl"]  # the re-asks only: the first file is answered
+
+
+@pytest.mark.parametrize("road", [(), ("--batch-dir", "files")], ids=["sync", "batch-dir"])
+def test_results_downloaded_not_merged_are_merged_by_batch_not_bought_again(
+    batch_env: FakeOpenAI, tmp_path: Path, road: tuple[str, ...]
+) -> None:
+    exam(tmp_path / "run", N)
+    assert killed_at("event:ended", 1, *JUDGE) == KILLED  # results on disk, not merged
+    other = run_cli("judge", "--out", "run", "--controls", "0", *road)
+    assert other.exit_code == 2, other.output
+    assert "paid for and not merged yet: rerun with --batch" in " ".join(other.output.split())
+    dry = run_cli(*JUDGE, "--dry-run")
+    assert "judge: 0 rows to do" in " ".join(dry.output.split())
+    assert run_cli(*JUDGE).exit_code == 0 and batch_env.count() == 0
+    assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}
+
+
+def test_killed_before_its_batch_is_made_the_rerun_times_the_batch_it_makes(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    exam(tmp_path / "run", N)
+    assert killed_at("event:shard", 1, *JUDGE) == KILLED  # the shard written, no batch yet
+    assert run_cli(*JUDGE).exit_code == 0
+    assert record_of(tmp_path)["batch"]["seconds"] is not None

@@ -155,6 +155,17 @@ class Ledger:
         """The shards whose rows are in flight."""
         return [shard for shard in self.shards.values() if shard.waiting]
 
+    def held(self) -> list[Path]:
+        """Result files on disk, paid for and not merged yet: a batch's, downloaded by a run
+        stopped before it merged them, and the results carried to a later pass."""
+        unmerged = [
+            path
+            for shard in self.shards.values()
+            for path in shard.results
+            if path not in self.merged and path.exists()
+        ]
+        return unmerged + ([self.carry] if self.carry is not None and self.carry.exists() else [])
+
 
 def _uploaded(ledger: Ledger, shard: ShardState, event: dict[str, Any]) -> None:
     shard.file_id = event["file_id"]

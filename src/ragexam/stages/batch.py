@@ -31,7 +31,14 @@ from ragexam.llm.transport import routable
 from ragexam.options import Given
 from ragexam.stages.batchwait import api_rounds
 from ragexam.stages.replay import Pass, ResultIndex, outstanding, results_of, token
-from ragexam.stages.runner import Plan, Progress, Runner, RunSettings, batches_out
+from ragexam.stages.runner import (
+    Plan,
+    Progress,
+    Runner,
+    RunSettings,
+    batches_out,
+    results_held,
+)
 
 logger = logging.getLogger("ragexam")
 MAX_ROUNDS = 200  # passes in one run: far above what retries and samples need; a loop is a bug
@@ -100,6 +107,7 @@ class BatchRoad:
         self.rounds = self.sent = self.merged = self.batches = self.written = 0
         self.direct = [0, 0]  # first requests rendered, and first results read, directly
         self.shards: list[str] = []  # written this run
+        self.submitted: list[str] = []  # shards whose batch this run made (or found)
         self.waiting = 0
         self.runs = 1  # this run counts among the job's (not when it only shows an ended one)
         self.before: dict[str, Any] = {}
@@ -155,7 +163,7 @@ class BatchRoad:
         `run` makes) shows the job the last run ended: the stage's record stays its cost."""
         idle = not (self.sent or self.merged or self.batches or self.written)
         if idle and self.ended and not self.before:
-            self.runs = 0
+            self.runs = self.rounds = 0
             self._go_on(self.ended)
         self.ledger.record("job", **self.totals())
 
@@ -164,6 +172,9 @@ class BatchRoad:
         other = [shard for shard in self.ledger.waiting() if shard.mode != self.kind]
         if other:
             raise batches_out(self.ledger, other)
+        unmerged = [path for path in self.ledger.held() if path != self.ledger.carry]
+        if self.kind == "dir" and unmerged:  # a Batch API's results: only --batch merges them
+            raise results_held(self.ledger, "--batch")
 
     async def round(
         self, requests: Path, fresh: list[Path], seen: list[list[Any]] | None = None
@@ -251,10 +262,10 @@ class BatchRoad:
         for shard in self.ledger.waiting():
             if any(self.out.get(key) == request for key, request in _requests(shard)):
                 continue
-            self.ledger.record("resolved", name=shard.name)
-            if shard.path.exists():
+            if shard.path.exists():  # moved first: a kill between leaves it to resolve again
                 done.mkdir(parents=True, exist_ok=True)
                 shutil.move(str(shard.path), str(done / shard.path.name))
+            self.ledger.record("resolved", name=shard.name)
 
     def note(self, text: str, views: list[Any] | None = None) -> None:
         """Tell the progress display what happens now."""
@@ -270,7 +281,11 @@ class BatchRoad:
             shard
             for shard in self.ledger.shards.values()
             if shard.submitted_at is not None
-            and (shard.name in self.shards or shard.submitted_at >= since)
+            and (
+                shard.name in self.shards
+                or shard.name in self.submitted
+                or shard.submitted_at >= since
+            )
         ]
         started = [shard.submitted_at for shard in ours if shard.submitted_at is not None]
         return started, [shard.ended_at for shard in ours if shard.ended_at is not None]

@@ -93,6 +93,7 @@ class Waiter:
         # with the job's totals (the batch made counts), should the run be killed now
         job = self.road.totals(made=found.created_at)
         ledger.record("submitted", name=shard.name, batch_id=found.id, at=found.created_at, job=job)
+        self.road.submitted.append(shard.name)
 
     async def wait(self) -> None:
         """Look at the batches in flight until one ends; collect what each ended one left."""

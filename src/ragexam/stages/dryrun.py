@@ -20,6 +20,7 @@ from langchain_core.messages import BaseMessage
 from ragexam.analysis.controls import build_controls
 from ragexam.analysis.keypoints import dump
 from ragexam.config import AnswerContext, Scale, Settings
+from ragexam.io.batchfiles import parse_custom_id, scan_results
 from ragexam.io.cells import SINGLE
 from ragexam.io.csvfile import read_columns, read_rows
 from ragexam.io.fingerprint import stale_rows
@@ -129,10 +130,17 @@ def _ok_rows(path: Path, key: str, fixed: Iterable[str] = ()) -> list[dict[str, 
 
 
 def out_in_batches(folder: RunFolder, stage: str, done: set[str]) -> tuple[set[str], int]:
-    """`done`, and the rows whose requests are out in batches (paid for, their results on
-    the way: the batch road collects them and sends nothing for them), and how many those are."""
+    """`done`, and the rows whose requests are out in batches, or whose results are on disk
+    and not merged yet (paid for: the batch road merges them and sends nothing for them), and
+    how many those are."""
     ledger = Ledger(folder.batch_ledger(stage), folder.batch_tag(stage))
-    out = set(outstanding(ledger)) - done if ledger.waiting() else set()
+    out = set(outstanding(ledger)) if ledger.waiting() else set()
+    for path in ledger.held():  # results paid for, on disk: merged by the next run
+        for identifier, _, _ in scan_results(path):
+            parsed = parse_custom_id(identifier)
+            if parsed is not None and parsed[0] == ledger.tag:
+                out.add(parsed[3])
+    out -= done
     return done | out, len(out)
 
 

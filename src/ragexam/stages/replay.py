@@ -74,11 +74,13 @@ class ResultIndex:
         self.files = files  # (path, fresh): fresh files are new to this run, carried ones not
         self.fresh = 0  # results of fresh files taken (each request once): new to this run
         self._where: dict[str, int | list[int]] = {}
-        self._late: list[int] = []
+        self._late: dict[str, int] = {}  # custom_id: location
         self._spans: list[Spans] = []
         for number, (path, fresh) in enumerate(files):
             self._spans.append(Spans(path))
             self._scan(tag, number, path, done, fresh and path not in spent)
+        if self._late:
+            self._not_merged_before(spent)
 
     def _scan(self, tag: str, number: int, path: Path, done: set[str], unspent: bool) -> None:
         for identifier, offset, length in scan_results(path):
@@ -88,7 +90,7 @@ class ResultIndex:
             location = (number << (_OFFSET_BITS + _LENGTH_BITS)) | (offset << _LENGTH_BITS) | length
             if parsed[3] in done:  # a row already written
                 if unspent:
-                    self._late.append(location)
+                    self._late.setdefault(identifier, location)
                 continue
             known = self._where.get(parsed[3])
             if known is None:
@@ -130,14 +132,21 @@ class ResultIndex:
             self.fresh += result.fresh
         return known
 
+    def _not_merged_before(self, spent: set[Path]) -> None:
+        """Drop the late results that a spent file still on disk answers too: a copy of a
+        result merged (and billed) before, such as a --batch-dir file run again under
+        another name, is no result of a stopped run's. Read only when there are late ones."""
+        for path in spent:
+            if path.is_file():
+                for identifier, _, _ in scan_results(path):
+                    self._late.pop(identifier, None)
+
     def late(self) -> Iterator[Answer]:
         """The late results, each request once (counted in `fresh`)."""
-        late, self._late = self._late, []
-        billed: set[str] = set()
-        for location in late:
+        late, self._late = self._late, {}
+        for location in late.values():
             item = self._read(location)
-            if item is not None and item[1].answer.custom_id not in billed:
-                billed.add(item[1].answer.custom_id)
+            if item is not None:
                 self.fresh += 1
                 yield item[1].answer
 
@@ -329,6 +338,7 @@ class Pass:
                     self._keep(known.line)
                     if known.fresh:
                         self.llm.billed(known.answer)
+            self.out.pop(key, None)  # its request is answered: it waits on nothing
 
     def _keep(self, line: bytes) -> None:
         if self._carry is None:

@@ -405,6 +405,17 @@ def _refuse_while_batches_out(stage: Stage) -> None:
     out = ledger.waiting()
     if out:
         raise batches_out(ledger, out)
+    if ledger.held():
+        raise results_held(ledger, "--batch")
+
+
+def results_held(ledger: Ledger, road: str) -> ConfigError:
+    """The error of a stage run on a road that would not merge the results it holds."""
+    return ConfigError(
+        f"results of requests of {ledger.tag} are on disk in {ledger.path.parent}, paid for "
+        f"and not merged yet: rerun with {road} to merge them (or delete {ledger.path} to "
+        "forget them, and pay for their rows again)"
+    )
 
 
 def batches_out(ledger: Ledger, out: list[ShardState]) -> ConfigError:
