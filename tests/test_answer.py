@@ -188,12 +188,17 @@ def test_a_rag_module_that_fails_to_load_is_a_one_line_error(
     assert env.requests == []
 
 
-def test_a_raising_rag_gives_error_rows_not_a_crash(env: FakeOpenAI, tmp_path: Path) -> None:
-    (tmp_path / "flaky_rag.py").write_text(
+def answered_by_a_rag_that_fails(
+    env: FakeOpenAI, tmp_path: Path, name: str, failing: str, kind: str = "async def"
+) -> dict[str, dict[str, str]]:
+    """`answer --rag` with a module `name` whose call fails by `failing` for question b (of
+    a, b and c), all else answered: the rows by qa_id (a module name each: Python keeps it)."""
+    (tmp_path / f"{name}.py").write_text(
+        "import sys\n"
         "from langchain_core.documents import Document\n"
-        "async def answer(question):\n"
+        f"{kind} answer(question):\n"
         "    if 'bad' in question:\n"
-        "        raise TimeoutError('vector db down')\n"
+        f"        {failing}\n"
         "    return 'an answer', [Document('Chunk text number 3.'), 'c1']\n"
     )
     store = make_store(tmp_path / "store", env)
@@ -205,19 +210,15 @@ def test_a_raising_rag_gives_error_rows_not_a_crash(env: FakeOpenAI, tmp_path: P
             {"qa_id": "c", "chunk_id": "c1", "question": "also fine"},
         ],
     )
-    result = run_cli(
-        "answer",
-        "--chroma",
-        str(store),
-        "--out",
-        "run",
-        "--rag",
-        "flaky_rag:answer",
-        "--max-error-rate",
-        "0.5",
-    )
+    args = ("answer", "--chroma", str(store), "--out", "run", "--rag", f"{name}:answer")
+    result = run_cli(*args, "--max-error-rate", "0.5")
     assert result.exit_code == 0, result.output
-    rows = {row["qa_id"]: row for row in read_csv(tmp_path / "run" / "answers.csv")}
+    return {row["qa_id"]: row for row in read_csv(tmp_path / "run" / "answers.csv")}
+
+
+def test_a_raising_rag_gives_error_rows_not_a_crash(env: FakeOpenAI, tmp_path: Path) -> None:
+    failing = "raise TimeoutError('vector db down')"
+    rows = answered_by_a_rag_that_fails(env, tmp_path, "flaky_rag", failing)
     assert rows["a"]["status"] == "ok" and rows["a"]["target_rank"] == "1"  # matched by text
     assert rows["c"]["target_rank"] == "2"  # matched by id
     assert json.loads(rows["a"]["retrieved_ids"]) == [None, "c1"]
@@ -252,27 +253,8 @@ def test_a_rag_module_that_exits_at_import_is_a_one_line_error(
 def test_a_rag_callable_that_calls_sys_exit_gives_that_row_an_error(
     env: FakeOpenAI, tmp_path: Path, kind: str
 ) -> None:
-    (tmp_path / "exiting_rag.py").write_text(
-        "import sys\n"
-        "from langchain_core.documents import Document\n"
-        f"{kind} answer(question):\n"
-        "    if 'bad' in question:\n"
-        "        sys.exit(3)\n"
-        "    return 'an answer', [Document('Chunk text number 3.'), 'c1']\n"
-    )
-    store = make_store(tmp_path / "store", env)
-    write_qa(
-        tmp_path / "run" / "qa_dataset.csv",
-        [
-            {"qa_id": "a", "chunk_id": "c3", "question": "fine"},
-            {"qa_id": "b", "chunk_id": "c1", "question": "bad one"},
-            {"qa_id": "c", "chunk_id": "c1", "question": "also fine"},
-        ],
-    )
-    args = ("answer", "--chroma", str(store), "--out", "run", "--rag", "exiting_rag:answer")
-    result = run_cli(*args, "--max-error-rate", "0.5")
-    assert result.exit_code == 0, result.output
-    rows = {row["qa_id"]: row for row in read_csv(tmp_path / "run" / "answers.csv")}
+    name = f"exiting_{kind.replace(' ', '_')}_rag"
+    rows = answered_by_a_rag_that_fails(env, tmp_path, name, "sys.exit(3)", kind)
     assert rows["a"]["status"] == rows["c"]["status"] == "ok"
     assert rows["b"]["status"] == "error"
     assert rows["b"]["error"] == "the RAG callable called sys.exit(3)"
