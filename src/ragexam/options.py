@@ -68,7 +68,9 @@ class Folder:
 
     PANEL: ClassVar[str] = "Run folder"
     out: Path = option(Path("outputs"), "Run folder for every file.")
-    seed: int = option(0, "Seed of every draw: --sample, the split, the controls, the resampling.")
+    seed: int = option(
+        0, "Seed of the draws this command makes: sample, split, controls, resampling."
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
