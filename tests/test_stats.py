@@ -288,12 +288,12 @@ def test_the_headline_counts_the_questions_its_hit_rate_is_over(tmp_path: Path) 
     result = run_cli("stats", "--out", str(run))
     assert result.exit_code == 0, result.output
     _, overall, _ = summaries(run)
-    rank_counts = [int(overall[name]) for name in overall if name.startswith("rank_")]
-    scored = int(overall["missed"]) + sum(rank_counts)
-    assert scored < int(overall["questions"])  # error rows and unanswered ones are not scored
-    hit_rate = float(overall["hit_rate"])
+    assert overall["questions"] == "14"
+    # by hand, from RANKS: 11 answered questions are scored (a4's answer failed, b1 failed in
+    # the qa dataset, b3 has no answer), 8 of them hit within k=5 (a3 and d1 miss, b2's 7 is
+    # past k): 73% of 11, not of the 14 questions
     said = " ".join(result.output.split())
-    assert f"the source chunk is retrieved for {hit_rate:.0%} of {scored} questions" in said
+    assert "the source chunk is retrieved for 73% of 11 questions" in said
 
 
 def test_the_headline_of_a_run_whose_every_question_failed_says_so(tmp_path: Path) -> None:

@@ -134,7 +134,7 @@ def out_in_batches(folder: RunFolder, stage: str, done: set[str]) -> tuple[set[s
     and not merged yet (paid for: the batch road merges them and sends nothing for them), and
     how many those are."""
     ledger = Ledger(folder.batch_ledger(stage), folder.batch_tag(stage))
-    out = set(outstanding(ledger)) if ledger.waiting() else set()
+    out = set(outstanding(ledger))  # the keys of the shards still waiting
     for path in ledger.held():  # results paid for, on disk: merged by the next run
         for identifier, _, _ in scan_results(path):
             parsed = parse_custom_id(identifier)

@@ -508,15 +508,13 @@ def check_error_rate(
     """Raise TooManyErrors when the output holds more error rows than `limit` allows (of the
     rows whose `key` is among `keys`, when given)."""
     columns = read_columns(path, ["status"], optional=("error", key))  # not a million dicts
-    statuses = columns["status"]
+    statuses, said = columns["status"], columns.get("error", ())
+    rows: Sequence[int] = range(len(statuses))
     if keys is not None and key in columns:
-        mine = [at for at, found in enumerate(columns[key]) if found in keys]
-        columns = {name: [cells[at] for at in mine] for name, cells in columns.items()}
-        statuses = columns["status"]
-    errors = [at for at, status in enumerate(statuses) if status != "ok"]
-    if not statuses or len(errors) / len(statuses) <= limit:
+        rows = [at for at, found in enumerate(columns[key]) if found in keys]
+    errors = [at for at in rows if statuses[at] != "ok"]
+    if not rows or len(errors) / len(rows) <= limit:
         return
-    said = columns.get("error", ())
     reasons = Counter(" ".join(said[at].split())[:160] for at in errors if said and said[at])
     common = reasons.most_common(1)[0] if reasons else None
-    raise TooManyErrors(len(errors), len(statuses), limit, path, common)
+    raise TooManyErrors(len(errors), len(rows), limit, path, common)
