@@ -24,7 +24,7 @@ from support import (
     run_cli,
 )
 
-from ragexam.stages import replay
+from ragexam.stages.runner import Runner
 
 N = 10
 WAITING = 75
@@ -249,19 +249,41 @@ def test_harder_questions_are_refused_on_the_batch_road_before_any_call(
     assert env.count() == 0 and not (tmp_path / "run" / "qa_dataset.csv").exists()
 
 
-def test_a_result_file_that_begins_with_a_byte_order_mark_is_merged_whole(
-    env: FakeOpenAI, tmp_path: Path
-) -> None:
-    # A tool on Windows may write its output as "UTF-8 with BOM": the first line is read too.
+def results_of_every_request(env: FakeOpenAI, tmp_path: Path) -> Path:
+    """The one results file of a judge of N rows whose requests the engine has run."""
     exam(tmp_path / "run", N)
     env.responder = by_question
     assert judge().exit_code == WAITING
     assert run_batch_files(env, tmp_path / "files") == N
     (result,) = (tmp_path / "files" / "results").glob("*.jsonl")
+    return result
+
+
+def test_a_result_file_that_begins_with_a_byte_order_mark_is_merged_whole(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # A tool on Windows may write its output as "UTF-8 with BOM": the first line is read too.
+    result = results_of_every_request(env, tmp_path)
     result.write_bytes(b"\xef\xbb\xbf" + result.read_bytes())
     done = judge()
     assert done.exit_code == 0, done.output
     assert graded_by_question(judged(tmp_path))
+
+
+def test_result_lines_only_python_reads_are_merged_as_python_reads_them(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # A NaN and a lone surrogate are Python's JSON, not strict JSON: the fast reader refuses
+    # such lines, and they are read as before, not lost.
+    result = results_of_every_request(env, tmp_path)
+    lines = [json.loads(line) for line in result.read_text().splitlines()]
+    for at, line in enumerate(lines):
+        body = line["response"]["body"]
+        body["system_fingerprint"] = float("nan") if at % 2 else "fp_\ud800"
+    result.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    done = judge()
+    assert done.exit_code == 0, done.output
+    assert graded_by_question(judged(tmp_path)) and len(judged(tmp_path)) == N
 
 
 def test_lines_that_are_not_results_of_ours_are_passed_over_on_every_run(
@@ -378,18 +400,18 @@ def test_stopped_mid_merge_the_rerun_merges_the_rest_ends_at_zero_and_bills_the_
     env.responder = by_question
     assert judge().exit_code == WAITING
     assert run_batch_files(env, tmp_path / "files") == N
-    real, seen = replay.Pass._row, []
+    real, seen = Runner.settle, []
 
-    async def ctrl_c_at_the_seventh(self: replay.Pass, task: Any) -> None:
+    def ctrl_c_at_the_seventh(self: Runner, task: Any, values: Any) -> None:
         seen.append(task.key)
         if len(seen) == 7:
             raise KeyboardInterrupt
-        await real(self, task)
+        real(self, task, values)
 
-    monkeypatch.setattr(replay.Pass, "_row", ctrl_c_at_the_seventh)
+    monkeypatch.setattr(Runner, "settle", ctrl_c_at_the_seventh)
     assert judge().exit_code == 130
     assert len(judged(tmp_path)) == 6
-    monkeypatch.setattr(replay.Pass, "_row", real)
+    monkeypatch.setattr(Runner, "settle", real)
     done = judge()
     assert done.exit_code == 0, done.output  # the rows written before Ctrl-C wait no more
     assert len(judged(tmp_path)) == N and requests(tmp_path) == []

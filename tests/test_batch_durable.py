@@ -29,7 +29,6 @@ from support import (
 from ragexam.io.fingerprint import input_hash
 from ragexam.io.ledger import Ledger
 from ragexam.llm.batchapi import BatchApi
-from ragexam.stages import replay
 from ragexam.stages.runner import Runner
 
 N = 12
@@ -173,17 +172,18 @@ def test_stopped_while_merging_the_rerun_bills_the_whole_job(
     # The batch ended and its results came down; Ctrl-C mid-merge. The rerun's record still
     # covers the job: its batch, its requests and calls, and every token the rows were billed.
     exam(tmp_path / "run", N)
-    real, seen = replay.Pass._row, []
+    real, seen = Runner.settle, []
 
-    async def ctrl_c_at_the_sixth(self: replay.Pass, task: Any) -> None:
+    def ctrl_c_at_the_sixth(self: Runner, task: Any, values: Any) -> None:
         seen.append(task.key)
-        if len(seen) == N + 6:  # the first pass sends, the second merges
+        if len(seen) == 6:  # the first pass sends, the second merges: its sixth row
             raise KeyboardInterrupt
-        await real(self, task)
+        real(self, task, values)
 
-    monkeypatch.setattr(replay.Pass, "_row", ctrl_c_at_the_sixth)
+    monkeypatch.setattr(Runner, "settle", ctrl_c_at_the_sixth)
     assert run_cli(*JUDGE).exit_code == 130
-    monkeypatch.setattr(replay.Pass, "_row", real)
+    assert len(read_csv(tmp_path / "run" / "judgments.csv")) == 5
+    monkeypatch.setattr(Runner, "settle", real)
     assert run_cli(*JUDGE).exit_code == 0
     rows = read_csv(tmp_path / "run" / "judgments.csv")
     record = json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["judge"]

@@ -15,6 +15,7 @@ vLLM's, one file in input order, a failure's body null and its error an object o
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -23,6 +24,8 @@ from json.decoder import scanstring  # type: ignore[attr-defined]
 from json.encoder import encode_basestring
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from ragexam.io.atomic import write_error
 
@@ -213,11 +216,14 @@ def _find_custom_id(line: bytes) -> str | None:
 
 def parse_answer(line: bytes) -> Answer | None:
     """A result line, in either shape, as an Answer; None for a line that is not one."""
-    try:
-        # UTF-8, the format's (a bad byte: not a line), its file perhaps begun with a BOM
-        data = json.loads(line.decode().removeprefix("\ufeff"))
-    except (ValueError, RecursionError):  # not JSON, or nested deeper than Python parses
-        return None
+    try:  # orjson reads a line in a third of the time; what it refuses, json reads or refuses
+        data = orjson.loads(line.removeprefix(codecs.BOM_UTF8))
+    except orjson.JSONDecodeError:  # NaN, a lone surrogate, deep nesting, or not JSON
+        try:
+            # UTF-8, the format's (a bad byte: not a line), its file perhaps begun with a BOM
+            data = json.loads(line.decode().removeprefix("\ufeff"))
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than Python parses
+            return None
     if not isinstance(data, dict) or not isinstance(data.get("custom_id"), str):
         return None
     response, error = data.get("response"), data.get("error")

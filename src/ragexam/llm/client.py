@@ -241,7 +241,7 @@ class LLM:
         if form is None:
             return None
         try:
-            return form.render(call.prompt.fill(**call.values), body)
+            return form.render(call.prompt.filled(call.values), body)
         except UnicodeEncodeError:
             return None  # the stack fails on it too: let the whole way meet it
 

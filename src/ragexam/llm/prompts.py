@@ -119,13 +119,18 @@ class Prompt:
 
     def fill(self, **values: str) -> dict[str, str]:
         """The template's inputs, with data delimiters inside values neutralised."""
-        missing = set(self.variables) - values.keys()
-        if missing:
-            raise PromptError(f"prompt {self.name!r} needs values for {sorted(missing)}")
-        return {
-            name: values[name] if isinstance(values[name], Delimited) else neutralise(values[name])
-            for name in self.variables
-        }
+        return self.filled(values)
+
+    def filled(self, values: Mapping[str, str]) -> dict[str, str]:
+        """`fill`, from a mapping of the values."""
+        try:
+            return {
+                name: value if isinstance(value := values[name], Delimited) else neutralise(value)
+                for name in self.variables
+            }
+        except KeyError:
+            missing = sorted(set(self.variables) - values.keys())
+            raise PromptError(f"prompt {self.name!r} needs values for {missing}") from None
 
 
 @dataclass(frozen=True)
@@ -148,7 +153,7 @@ def neutralise(text: str) -> str:
 
     In any case and spacing (`</ANSWER>`, `< /Answer >`), as a model reads them all alike.
     """
-    return _DATA_TAG.sub(r"&lt;", text)
+    return _DATA_TAG.sub("&lt;", text) if "<" in text else text  # most have none: no regex
 
 
 def context_block(texts: list[str]) -> Delimited:

@@ -94,10 +94,9 @@ class Form:
 
     def render(self, filled: Mapping[str, str], body: bool = True) -> Rendered:
         """The request with these values, JSON-escaped as the SDK escapes them."""
-        escaped = {name: encode_basestring(text)[1:-1] for name, text in filled.items()}
         parts: list[str] = []
-        for gap, name in enumerate(self.order, 1):
-            parts += (escaped[name], self.segments[gap])
+        for name, segment in zip(self.order, self.segments[1:], strict=True):
+            parts += (encode_basestring(filled[name])[1:-1], segment)
         rest = "".join(parts).encode()  # strict, as the SDK's: a lone surrogate fails the same
         state = self.hashed.copy()
         state.update(rest)

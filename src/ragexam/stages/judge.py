@@ -198,9 +198,12 @@ class JudgePlan:
     def tasks(self, done: set[str]) -> tuple[int, Iterator[Task]]:
         """The answers not yet judged."""
         left = [exam for exam in self.exams if exam.qa_id not in done]
-        hashed, known = self.grader.input_hash, self.known()
-        tasks = (Task(e.qa_id, {**known, "input_hash": hashed(e)}, e) for e in left)
-        return len(left), tasks
+        known, late = self.known(), self._hashed
+        return len(left), (Task(e.qa_id, known, e, late) for e in left)
+
+    def _hashed(self, exam: Exam) -> dict[str, str]:
+        """A row's input hash, made when the row is written."""
+        return {"input_hash": self.grader.input_hash(exam)}
 
     def inputs(self) -> Mapping[str, str]:
         """The input hash of every answer this run wants graded."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
@@ -39,7 +39,7 @@ from ragexam.io.ledger import Ledger
 from ragexam.llm.client import LLM, Reply
 from ragexam.llm.deferred import Deferred, Known, RowCalls, calls_of
 from ragexam.llm.prompts import Call
-from ragexam.stages.runner import Plan, Runner, Task, aiter_of, ok_row
+from ragexam.stages.runner import Plan, Runner, Task, ok_row
 
 _OFFSET_BITS, _LENGTH_BITS = 40, 32  # a location: file number, offset and length in one int
 
@@ -231,8 +231,14 @@ class Pass:
         try:
             for answer in self.index.late():
                 self.llm.billed(answer)
-            async for task in aiter_of(tasks):
-                await self._row(task)
+            if isinstance(tasks, AsyncIterator):
+                async for task in tasks:
+                    await self._next(task)
+            else:  # the rows of a million-row judge: no coroutine for a row done directly
+                for task in tasks:
+                    known = self.index.take(task.key) if task.key in self.index else {}
+                    if self.opens is None or not self._opened(self.opens, task, known):
+                        await self._row(task, known)
             self._keep_the_rest()
             for writer in self._writers.values():
                 writer.close()
@@ -244,14 +250,20 @@ class Pass:
             self.index.close()
         self._retire()
 
-    async def _row(self, task: Task) -> None:
+    async def _next(self, task: Task) -> None:
         known = self.index.take(task.key) if task.key in self.index else {}
+        if self.opens is None or not self._opened(self.opens, task, known):
+            await self._row(task, known)
+
+    async def _row(self, task: Task, known: dict[str, list[Known]]) -> None:
+        """Do a row the whole way (once its first call's form is learned: directly, if the
+        form renders it)."""
         if self.opens is not None:
             call = self.opens.opening(task)
             if call is not None and self.opens.llm.learns(call):
                 await self.opens.llm.learn(call)
-            if call is not None and self._opened(self.opens, task, call, known):
-                return
+                if self._opened(self.opens, task, known):
+                    return
         row = RowCalls(task.key, known)
         with calls_of(row):
             try:
@@ -263,16 +275,18 @@ class Pass:
         self.out.pop(task.key, None)
         self.written += 1
 
-    def _opened(self, opens: Opens, task: Task, call: Call, known: dict[str, list[Known]]) -> bool:
+    def _opened(self, opens: Opens, task: Task, known: dict[str, list[Known]]) -> bool:
         """Do a row by its first call alone, as its work would: send the call's request when
         the row has no result, or write the row from the result of that very request when it
-        is all the row needs. False: the row goes the whole way."""
-        request = opens.llm.request_of(call, body=not known)
-        if request is None:
+        is all the row needs. False: the row goes the whole way (its first call's form not
+        learned yet, a row that fails before its call, a call no form renders)."""
+        call = opens.opening(task)
+        request = None if call is None else opens.llm.request_of(call, body=not known)
+        if call is None or request is None:
             return False
         url, body, digest = request
         if body is not None:  # no result yet: the work would stop at its first call, number 0
-            self.rendered += self._send(task.key, Deferred(0, digest, url, body))
+            self.rendered += self._send(task.key, 0, digest, url, body)
             return True
         results = known.get(digest, [])
         if len(known) != 1 or len(results) != 1 or results[0].call != 0:
@@ -293,16 +307,17 @@ class Pass:
         self.unused += bool(row.known) and not row.used  # results of requests it no longer makes
         for known in row.used:
             self._keep(known.line)
-        self._send(key, waiting)
+        self._send(key, waiting.call, waiting.digest, waiting.url, waiting.body)
 
-    def _send(self, key: str, waiting: Deferred) -> bool:
-        """Write the request a row waits on into a shard, unless it is out already."""
-        request = token(waiting.call, waiting.digest)
+    def _send(self, key: str, call: int, digest: str, url: str, body: bytes) -> bool:
+        """Write the request a row waits on (its call, with this body) into a shard, unless
+        it is out already."""
+        request = token(call, digest)
         if self.out.get(key) == request:
             return False
-        identifier = custom_id(self.ledger.tag, waiting.call, waiting.digest, key)
-        line = request_line(identifier, waiting.url, waiting.body)
-        self._writer(waiting.url).write(identifier, line)
+        identifier = custom_id(self.ledger.tag, call, digest, key)
+        line = request_line(identifier, url, body)
+        self._writer(url).write(identifier, line)
         self.out[key] = request
         self.sent += 1
         return True

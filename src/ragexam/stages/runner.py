@@ -68,6 +68,9 @@ class Task:
     key: str
     known: Mapping[str, Any]
     payload: Any = None
+    # Columns made from the payload only once the row is written (its input hash: the batch
+    # road writes the requests of a million rows without writing one of them).
+    late: Callable[[Any], Mapping[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -298,7 +301,10 @@ class Runner:
         return row
 
     def _record(self, task: Task, values: dict[str, Any]) -> None:
-        row = {self.stage.key: task.key, **task.known, **values}
+        row = {self.stage.key: task.key, **task.known}
+        if task.late is not None:
+            row.update(task.late(task.payload))
+        row.update(values)
         row.setdefault("model", self.stage.model)
         row.setdefault("prompt_hash", self.stage.prompt_hash)
         self.log.append(row)
@@ -333,7 +339,7 @@ class Plan(Protocol):
     def tasks(self, done: set[str]) -> tuple[int | None, Iterable[Task] | AsyncIterator[Task]]:
         """How many rows are left (if known) and the tasks, given the keys already done.
 
-        Each task's `known` holds its `input_hash`.
+        Each task's `known` (or `late`) holds its `input_hash`.
         """
         ...
 
