@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from openai_server import FakeOpenAI
-from support import questions, rag_module, read_csv, run_cli
+from support import exam, questions, rag_module, read_csv, run_cli
 
 N = 80
 
@@ -77,3 +77,28 @@ def test_a_full_disk_is_one_line_keeps_whole_rows_and_a_failed_manifest(
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["stages"]["answer"]["status"] == "finished"
     assert not (run / ".manifest.room").exists()
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_the_request_shards_is_one_line_and_sends_nothing_half_written(
+    env: FakeOpenAI, tmp_path: Path, small_disk: Path
+) -> None:
+    # The shards are written from another thread: the disk that fills under them is the same
+    # one-line error, no shard is left under its name, and a rerun with room writes them all.
+    exam(tmp_path / "run", N, {i: "A long answer to grade. " * 40 for i in range(N)})
+    args = ["judge", "--out", str(tmp_path / "run"), "--controls", "0"]
+    full = run_cli(*args, "--batch-dir", str(small_disk))
+    assert full.exit_code == 2, full.output
+    last = full.output.strip().splitlines()[-1]
+    assert last.startswith(f"Error: no space left on {small_disk / 'requests'} (writing judge-")
+    assert "Internal error" not in full.output and env.count() == 0
+    assert not list((small_disk / "requests").glob("*.jsonl"))  # only a `.part`, unrecorded
+    grow(small_disk)
+    again = run_cli(*args, "--batch-dir", str(small_disk))
+    assert again.exit_code == 75, again.output
+    sent = [
+        json.loads(line)["custom_id"].rsplit("~", 1)[1]
+        for shard in (small_disk / "requests").glob("*.jsonl")
+        for line in shard.read_text().splitlines()
+    ]
+    assert sorted(sent) == sorted(f"q{i}" for i in range(N))

@@ -16,9 +16,12 @@ vLLM's, one file in input order, a failure's body null and its error an object o
 from __future__ import annotations
 
 import codecs
+import contextlib
 import json
 import os
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from json.encoder import encode_basestring
@@ -71,6 +74,8 @@ class ShardWriter:
     """Streams request lines into shard files of at most MAX_LINES lines and MAX_BYTES bytes.
 
     Each finished shard is handed to `done` (which records it) before the next one begins.
+    Its bytes go to disk from another thread, a chunk at a time: the kernel may hold a write
+    back (at a million rows, 2.9 GB of requests), and the rows' work goes on meanwhile.
     """
 
     def __init__(
@@ -83,7 +88,7 @@ class ShardWriter:
         self.folder, self.ids_folder, self.names, self.done = folder, ids_folder, names, done
         self.max_lines, self.max_bytes = MAX_LINES, MAX_BYTES
         self.lines = 0  # requests written in all
-        self._file: Any = None
+        self._file: _Behind | None = None
         self._ids: Any = None
         self._name = ""
         self._count = self._size = 0
@@ -96,8 +101,13 @@ class ShardWriter:
             self.close()
         if self._file is None:
             self._open()
-        self._file.write(line)
-        self._ids.write(identifier + "\n")
+            assert self._file is not None
+        try:
+            self._file.write(line)
+            self._ids.write(identifier + "\n")
+        except OSError as exc:  # a full disk: the shard is dropped, unrecorded, as a kill's
+            final = self.folder / f"{self._name}.jsonl"
+            raise write_error(final, exc, "; make room and rerun the same command") from None
         self._count += 1
         self._size += len(line)
         self.lines += 1
@@ -106,7 +116,7 @@ class ShardWriter:
         self._name = next(self.names)
         for folder in (self.folder, self.ids_folder):
             folder.mkdir(parents=True, exist_ok=True)
-        self._file = self._part(self.folder / f"{self._name}.jsonl").open("wb", buffering=BUFFER)
+        self._file = _Behind(self._part(self.folder / f"{self._name}.jsonl"))
         ids = self._part(self.ids_folder / f"{self._name}.ids")
         self._ids = ids.open("w", encoding="utf-8", buffering=BUFFER)
         self._count = self._size = 0
@@ -136,8 +146,60 @@ class ShardWriter:
         """Drop the shard being written (a crash leaves the same: a `.part` file, unrecorded)."""
         for handle in (self._file, self._ids):
             if handle is not None:
-                handle.close()
+                with contextlib.suppress(OSError):
+                    handle.close()
         self._file = self._ids = None
+
+
+class _Behind:
+    """A file written from another thread, BUFFER bytes at a time, at most AHEAD chunks ahead
+    of the disk; a write that failed is raised by the next call here."""
+
+    AHEAD = 8
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ragexam-shard")
+        self._chunk: list[bytes] = []
+        self._size = 0
+        self._sent: deque[Future[None]] = deque()
+
+    def write(self, data: bytes) -> None:
+        """Add bytes; a full chunk goes to disk from the other thread."""
+        self._chunk.append(data)
+        self._size += len(data)
+        if self._size >= BUFFER:
+            self._send()
+
+    def _send(self) -> None:
+        if self._chunk:
+            self._sent.append(self._pool.submit(_write_all, self._fd, b"".join(self._chunk)))
+            self._chunk, self._size = [], 0
+        while self._sent and (len(self._sent) > self.AHEAD or self._sent[0].done()):
+            self._sent.popleft().result()  # a failed write (no space) raises its OSError here
+
+    def flush(self) -> None:
+        """Every byte written to the file."""
+        self._send()
+        while self._sent:
+            self._sent.popleft().result()
+
+    def fileno(self) -> int:
+        """The file's descriptor."""
+        return self._fd
+
+    def close(self) -> None:
+        """Close the file (what was not flushed is dropped)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._sent.clear()
+        os.close(self._fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def read_ids(path: Path) -> Iterator[str]:
