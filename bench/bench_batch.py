@@ -11,6 +11,8 @@ memory it adds over what the stage held when it began (the exam and the answers,
 judge whichever road it takes); the whole command's time and peak are printed beside. Targets:
 shards ÷ read_csv ≤ 2, merge ÷ read_csv ≤ 3, each peak ≤ that of `stats` at the same rows.
 
+Beside them, each road's floor (measure_floor): its essential steps alone in a tight loop.
+
 Part 2, at --compare rows: the same exam judged on the unit scale (the test server's grades)
 through the test server's Batch API and through the sync road: calls and tokens identical, cost
 at most half (gpt-4o-mini's table prices).
@@ -92,6 +94,109 @@ def measure_read(run: Path) -> None:
     del frames
 
 
+def measure_floor(run: Path, files: Path) -> None:
+    """In a fresh process: the floor of each road, its essential steps a row alone in one
+    tight loop, on the same rows and the requests and results the road wrote and read.
+
+    Shards: neutralise and JSON-escape the three texts, fill the body's form, hash it, write
+    the request line and its id. Merge: parse a result line, find its row, render the body
+    again and check its digest, validate the grade, hash the row's input, write its CSV row.
+    What the road does beside (the ledger, the runner's row log and counts, re-asks and
+    retries, carried and late results) is left out: this is what no design can skip."""
+    import csv
+    import hashlib
+    import io
+    from json.encoder import encode_basestring
+
+    import orjson
+
+    from ragexam.io.fingerprint import input_hash
+    from ragexam.llm.prompts import neutralise
+    from ragexam.stages.grading import UnitGrade
+
+    qa = pd.read_csv(run / "qa_dataset.csv", usecols=["qa_id", "question", "ground_truth_answer"])
+    answers = pd.read_csv(run / "answers.csv", usecols=["qa_id", "answer", "status"])
+    both = answers[answers.status == "ok"].merge(qa, on="qa_id")
+    columns = ("qa_id", "question", "ground_truth_answer", "answer")
+    rows = list(zip(*(both[name].fillna("").astype(str) for name in columns), strict=True))
+    by_key = {row[0]: row for row in rows}
+    shards = sorted((files / "requests" / "done").glob("*.jsonl"))
+    segments, head = _form_of(shards[0], by_key)
+    state = hashlib.blake2b(head, digest_size=8)
+
+    def rest_of(row: tuple[str, ...]) -> bytes:
+        texts = (encode_basestring(neutralise(text))[1:-1] for text in row[1:])
+        return "".join(part for pair in zip(texts, segments, strict=True) for part in pair).encode()
+
+    url = encode_basestring("/v1/chat/completions").encode()
+    out = files / "floor"
+    out.mkdir(exist_ok=True)
+    started = time.perf_counter()
+    with (out / "requests.jsonl").open("wb") as lines, (out / "ids").open("w") as ids:
+        for row in rows:
+            rest = rest_of(row)
+            digest = state.copy()
+            digest.update(rest)
+            identifier = f"judge~0~{digest.hexdigest()}~{row[0]}"
+            head_of_line = f'{{"custom_id":{encode_basestring(identifier)},"method":"POST","url":'
+            lines.write(b"".join((head_of_line.encode(), url, b',"body":', head, rest, b"}\n")))
+            ids.write(identifier + "\n")
+    shard_seconds = time.perf_counter() - started
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    merged = 0
+    started = time.perf_counter()
+    with (out / "judgments.csv").open("w") as table:
+        for path in sorted((files / "results").glob("*.jsonl")):
+            with path.open("rb") as results:
+                for line in results:
+                    data = orjson.loads(line)
+                    _, _, digest_was, key = data["custom_id"].split("~", 3)
+                    row = by_key[key]
+                    digest = state.copy()
+                    digest.update(rest_of(row))
+                    if digest.hexdigest() != digest_was:
+                        raise SystemExit(f"the floor renders another body than the road: {key}")
+                    body = data["response"]["body"]
+                    usage, reply = body["usage"], body["choices"][0]["message"]["content"]
+                    grade = UnitGrade.model_validate_json(reply)
+                    hashed = input_hash(*row[1:])
+                    buffer.seek(0)
+                    buffer.truncate()
+                    tokens = (usage["prompt_tokens"], usage["completion_tokens"])
+                    grades = (grade.completeness, grade.conciseness, "", "", 1, 1, "unit", 0.0)
+                    empty = ("",) * 8
+                    run_columns = ("ok", "", "gpt-4o-mini", "x", hashed, *tokens, 1, 0.0, "")
+                    writer.writerow((key, *grades, "false", grade.reasoning, *empty, *run_columns))
+                    table.write(buffer.getvalue())
+                    merged += 1
+    merge_seconds = time.perf_counter() - started
+    print(json.dumps({"shards": shard_seconds, "merge": merge_seconds, "rows": merged}))
+
+
+def _form_of(shard: Path, rows: dict[str, tuple[str, ...]]) -> tuple[list[str], bytes]:
+    """The judge body's form, cut from a request the road wrote at the row's three texts: the
+    segments after each text, and the head before the first (as llm/requests.py keeps it)."""
+    from json.encoder import encode_basestring
+
+    from ragexam.llm.prompts import neutralise
+
+    with shard.open("rb") as lines:
+        line = lines.readline()
+    key = json.loads(line)["custom_id"].split("~", 3)[3]
+    body = line[line.index(b',"body":') + len(b',"body":') : -2].decode()
+    cuts, at = [], 0
+    for text in rows[key][1:]:
+        escaped = encode_basestring(neutralise(text))[1:-1]
+        start = body.index(escaped, at)
+        cuts.append((start, start + len(escaped)))
+        at = start + len(escaped)
+    starts = [start for start, _ in cuts[1:]] + [len(body)]
+    segments = [body[end:start] for (_, end), start in zip(cuts, starts, strict=True)]
+    return segments, body[: cuts[0][0]].encode()
+
+
 def child(action: str, *paths: Path) -> dict[str, float]:
     command = [sys.executable, __file__, "--measure", action, *map(str, paths)]
     done = subprocess.run(command, check=True, capture_output=True, text=True, env=_env())
@@ -152,6 +257,9 @@ def part_one(folder: Path, rows: int, trace: bool) -> None:
     lines = answer_everything(files)
     merge = child("road", run, files)
     _say(f"merging {lines:,} result lines", merge)
+    floor = child("floor", run, files)  # each road's essential steps alone, on the same rows
+    print(f"{'floor: the shards':<34} {floor['shards']:7.2f} s")
+    print(f"{'floor: the merge':<34} {floor['merge']:7.2f} s", flush=True)
     if trace:  # again, each under tracemalloc: what the road itself allocates at its peak
         for old in (run / "batches", files):
             shutil.rmtree(old, ignore_errors=True)
@@ -166,6 +274,10 @@ def part_one(folder: Path, rows: int, trace: bool) -> None:
     print(f"shards / read_csv = {shards['seconds'] / read['seconds']:.2f} (target <= 2)")
     print(f"merge  / read_csv = {merge['seconds'] / read['seconds']:.2f} (target <= 3)")
     print(f"peaks: shards +{shards['mb']:.0f} MB, merge +{merge['mb']:.0f} MB (target <= stats)")
+    print(
+        f"floors / read_csv: shards {floor['shards'] / read['seconds']:.2f}, "
+        f"merge {floor['merge'] / read['seconds']:.2f}"
+    )
 
 
 def _say(what: str, figures: dict[str, float]) -> None:
@@ -212,6 +324,8 @@ def main() -> None:
         action, *paths = args.measure
         if action == "read":
             return measure_read(Path(paths[0]))
+        if action == "floor":
+            return measure_floor(Path(paths[0]), Path(paths[1]))
         return measure_road(Path(paths[0]), Path(paths[1]), trace=action == "trace")
     with tempfile.TemporaryDirectory() as tmp:
         part_one(args.folder or Path(tmp), args.rows, args.trace)
