@@ -241,9 +241,12 @@ class LLM:
         if form is None:
             return None
         try:
-            return form.render(call.prompt.filled(call.values), body)
+            return form.render(call.values, body)
         except UnicodeEncodeError:
             return None  # the stack fails on it too: let the whole way meet it
+        except KeyError:
+            call.prompt.filled(call.values)  # the prompt's own error for the value missing
+            raise
 
     def learns(self, call: Call) -> bool:
         """Whether `request_of` would render the call once its form is learned."""
@@ -261,7 +264,7 @@ class LLM:
             return self._sent(Call(prompt, values, schema).messages(), schema, method)
 
         runnable = self._structured_runnable(schema, method)
-        self._forms[key] = await self.requests.learn(runnable, make, prompt.fill, prompt.variables)
+        self._forms[key] = await self.requests.learn(runnable, make, prompt.variables)
 
     def _form_key(self, call: Call) -> tuple[Any, ...]:
         """What a call's first request depends on beside its values."""

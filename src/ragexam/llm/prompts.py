@@ -133,7 +133,7 @@ class Prompt:
             raise PromptError(f"prompt {self.name!r} needs values for {missing}") from None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Call:
     """A structured call, as its prompt's inputs: the prompt, the values it is filled with, and
     the schema of the reply. Its messages are the prompt's; the batch road renders its request

@@ -29,6 +29,7 @@ import openai
 from langchain_core.messages import BaseMessage, HumanMessage, SystemMessage
 
 from ragexam.llm.deferred import digest_state, routed
+from ragexam.llm.prompts import Delimited, neutralise
 
 if TYPE_CHECKING:
     from langchain_core.runnables import Runnable
@@ -92,11 +93,15 @@ class Form:
         object.__setattr__(self, "head", head)
         object.__setattr__(self, "hashed", digest_state(head))
 
-    def render(self, filled: Mapping[str, str], body: bool = True) -> Rendered:
-        """The request with these values, JSON-escaped as the SDK escapes them."""
+    def render(self, values: Mapping[str, str], body: bool = True) -> Rendered:
+        """The request with a call's values, filled as its prompt fills them (a value that is
+        not Delimited has its delimiters neutralised: `Prompt.fill`), JSON-escaped as the SDK
+        escapes them. KeyError: a value the form has a gap for is missing."""
         parts: list[str] = []
         for name, segment in zip(self.order, self.segments[1:], strict=True):
-            parts += (encode_basestring(filled[name])[1:-1], segment)
+            value = values[name]
+            text = value if isinstance(value, Delimited) else neutralise(value)
+            parts += (encode_basestring(text)[1:-1], segment)
         rest = "".join(parts).encode()  # strict, as the SDK's: a lone surrogate fails the same
         state = self.hashed.copy()
         state.update(rest)
@@ -132,7 +137,6 @@ class Requests:
         self,
         runnable: Runnable[Any, Any],
         make: Callable[[Mapping[str, str]], list[BaseMessage]],
-        fill: Callable[..., dict[str, str]],
         names: Sequence[str],
     ) -> Form | None:
         """The form of the requests whose messages `make` makes from a prompt's values: kept
@@ -157,7 +161,7 @@ class Requests:
             form = Form(url, (*segments, text[start:]), tuple(order))
             for values in probes:
                 _, expected = await self.capture(runnable, make(values))
-                if form.render(fill(**values)).body != expected:
+                if form.render(values).body != expected:
                     return None
         except Exception:
             return None

@@ -61,7 +61,7 @@ RAW_LIMIT = 2000
 REASON_LIMIT = 300  # characters of an error reason the summary counts and shows
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Task:
     """One row to do: its key, the columns known up front, and what the work needs."""
 
