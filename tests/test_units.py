@@ -197,6 +197,35 @@ def test_held_rows_are_written_together_and_whole(
     log.close()  # closed, nothing held: nothing left to write
 
 
+def test_a_shard_that_cannot_be_named_is_dropped_closing_its_file_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The shard's bytes went down and its rename failed: the error is the one line, nothing is
+    # recorded, and dropping the shard closes no file descriptor twice (by then the number
+    # may be another file's).
+    recorded: list[batchfiles.Shard] = []
+    names = iter(f"s{n}" for n in range(9))
+    writer = batchfiles.ShardWriter(tmp_path / "req", tmp_path / "ids", names, recorded.append)
+    for n in range(3000):
+        writer.write(f"id{n}", b'{"line": "%d"}\n' % n)
+    real_replace, real_close, closed = Path.replace, os.close, []
+
+    def failing_replace(self: Path, target: Path) -> Path:
+        if self.name.endswith(".jsonl.part"):
+            raise OSError(errno.EIO, "Input/output error")
+        return real_replace(self, target)
+
+    monkeypatch.setattr(Path, "replace", failing_replace)
+    monkeypatch.setattr(os, "close", lambda fd: closed.append(fd) or real_close(fd))
+    with pytest.raises(OutputFileError, match=r"s0\.jsonl: cannot be written: Input/output error"):
+        writer.close()
+    writer.abandon()
+    assert len(closed) == len(set(closed)) and not recorded
+    assert (tmp_path / "req" / "s0.jsonl.part").stat().st_size == sum(
+        len(b'{"line": "%d"}\n' % n) for n in range(3000)
+    )
+
+
 def test_result_lines_are_read_through_a_window_in_order_and_alone_out_of_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
