@@ -91,6 +91,8 @@ def test_every_row_is_graded_through_batches_and_paid_once(
     assert record["cost_usd_sync"] == pytest.approx(sync)
     assert record["cost_usd"] == pytest.approx(sync / 2)  # no batch price in the table: half
     assert "the batches took" in result.output and "batch rate" in result.output
+    said = " ".join(result.output.split())
+    assert f"batches: 1 made, {N} requests sent, {N} merged, the batches took" in said
 
 
 def test_shards_keep_to_the_line_and_byte_limits(

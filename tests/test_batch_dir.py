@@ -249,11 +249,16 @@ def test_harder_questions_are_refused_on_the_batch_road_before_any_call(
     assert env.count() == 0 and not (tmp_path / "run" / "qa_dataset.csv").exists()
 
 
-def results_of_every_request(env: FakeOpenAI, tmp_path: Path) -> Path:
-    """The one results file of a judge of N rows whose requests the engine has run."""
+def requested(env: FakeOpenAI, tmp_path: Path) -> None:
+    """A judge of N rows, graded by question, whose requests wait in files/requests."""
     exam(tmp_path / "run", N)
     env.responder = by_question
     assert judge().exit_code == WAITING
+
+
+def results_of_every_request(env: FakeOpenAI, tmp_path: Path) -> Path:
+    """The one results file of a judge of N rows whose requests the engine has run."""
+    requested(env, tmp_path)
     assert run_batch_files(env, tmp_path / "files") == N
     (result,) = (tmp_path / "files" / "results").glob("*.jsonl")
     return result
@@ -286,14 +291,36 @@ def test_result_lines_only_python_reads_are_merged_as_python_reads_them(
     assert graded_by_question(judged(tmp_path)) and len(judged(tmp_path)) == N
 
 
+def test_a_request_file_put_among_the_results_is_said_and_sends_nothing_again(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # Copied the wrong way (or results in a shape of another tool's): its lines carry our
+    # custom_ids but no result. It is named; its rows wait on the requests already out.
+    requested(env, tmp_path)
+    (shard,) = (tmp_path / "files" / "requests").glob("*.jsonl")
+    (tmp_path / "files" / "results").mkdir(exist_ok=True)
+    copy = tmp_path / "files" / "results" / shard.name
+    copy.write_bytes(shard.read_bytes())
+    waiting = judge()
+    assert waiting.exit_code == WAITING, waiting.output
+    said = " ".join(waiting.output.split())
+    assert f"{N} lines of {copy} have a custom_id of this stage but no `response`" in said
+    assert [path.name for path in (tmp_path / "files" / "requests").glob("*.jsonl")] == [
+        shard.name
+    ]  # nothing asked again, the shard still waits
+    copy.unlink()
+    assert run_batch_files(env, tmp_path / "files") == N
+    done = judge()
+    assert done.exit_code == 0, done.output
+    assert graded_by_question(judged(tmp_path)) and record_of(tmp_path)["calls"] == N
+
+
 def test_lines_that_are_not_results_of_ours_are_passed_over_on_every_run(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:
     # A custom_id whose call number is a Unicode digit ("²" passes isdigit), and a line nested
     # deeper than Python parses under an id of ours: neither is a result; the rest merge.
-    exam(tmp_path / "run", N)
-    env.responder = by_question
-    assert judge().exit_code == WAITING
+    requested(env, tmp_path)
     ours = requests(tmp_path)[0]["custom_id"]
     tag, _, digest, key = ours.split("~")
     odd = [

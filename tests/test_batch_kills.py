@@ -229,18 +229,51 @@ def test_batch_dir_a_request_answered_in_two_files_is_merged_and_billed_once(
     assert_billed_as_the_rows(tmp_path, N)
 
 
-def test_batch_dir_results_of_requests_no_longer_made_are_said_unused(
+def test_batch_dir_results_of_requests_no_longer_made_are_said_unused_and_billed(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:
-    exam(tmp_path / "run", N)
-    assert run_cli(*DIR_JUDGE).exit_code == WAITING
-    run_batch_files(env, tmp_path / "files")
+    # Their answers changed after their requests went out: the 4 results are not used, but
+    # they were paid for, and the record bills them beside the rows' own.
+    first = results_file(env, tmp_path)
+    changed = {f"q{i}" for i in range(4)}
+    lines = [json.loads(line) for line in first.read_text().splitlines()]
+    paid = [
+        line["response"]["body"]["usage"]
+        for line in lines
+        if custom_key(line["custom_id"]) in changed
+    ]
     exam(tmp_path / "run", N, answers={i: f"A new answer #{i}." for i in range(4)})
     result = run_cli(*DIR_JUDGE)
     assert result.exit_code == WAITING  # the 4 changed rows are asked again, rightly
     said = " ".join(result.output.split())
-    assert "the results of 4 rows answer requests these rows no longer make" in said
+    assert "4 rows have results for requests they no longer make" in said
     assert len(rows(tmp_path)) == N - 4
+    run_batch_files(env, tmp_path / "files")
+    assert run_cli(*DIR_JUDGE).exit_code == 0
+    found, record = rows(tmp_path), record_of(tmp_path)
+    assert len(found) == N and all(row["status"] == "ok" for row in found)
+    assert record["calls"] == record["batch"]["results_merged"] == N + 4
+    assert record["tokens_billed"] == {
+        "prompt": sum(int(row["prompt_tokens"]) for row in found)
+        + sum(usage["prompt_tokens"] for usage in paid),
+        "completion": sum(int(row["completion_tokens"]) for row in found)
+        + sum(usage["completion_tokens"] for usage in paid),
+    }
+
+
+def test_results_asked_of_another_model_are_said_so_by_name(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # The user forgot the `export RAGEXAM_MODEL=...` that the requests were made with: the
+    # warning names the two models, not a list of what might have changed.
+    exam(tmp_path / "run", N)
+    assert run_cli(*DIR_JUDGE, "--model", "model-a").exit_code == WAITING
+    run_batch_files(env, tmp_path / "files")
+    result = run_cli(*DIR_JUDGE, "--model", "model-b")
+    assert result.exit_code == WAITING, result.output
+    said = " ".join(result.output.split())
+    assert f"{N} rows have results for requests they no longer make" in said
+    assert "(they were asked of the model model-a; this run asks model-b)" in said
 
 
 def test_batch_dir_a_smaller_limit_ends_the_loop_and_the_rest_is_not_bought_again(

@@ -13,7 +13,7 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_core.prompts import ChatPromptTemplate
 
-from ragexam.errors import OutputError, OutputFileError
+from ragexam.errors import OutputError, OutputFileError, TooManyErrors
 from ragexam.io import batchfiles, rowlog
 from ragexam.io.batchfiles import Spans
 from ragexam.io.csvfile import escape_cell, unescape_cell
@@ -195,6 +195,13 @@ def test_held_rows_are_written_together_and_whole(
         log.close()
     assert path.read_bytes() == before  # neither f nor g: never one of the rows held in part
     log.close()  # closed, nothing held: nothing left to write
+
+
+def test_the_commonest_error_reason_ends_its_sentence_once() -> None:
+    reason = ("the reply was cut off at 5000 tokens.", 3)
+    said = str(TooManyErrors(3, 4, 0.5, Path("judgments.csv"), reason))
+    assert "most often (3): the reply was cut off at 5000 tokens. A rerun retries" in said
+    assert ".." not in said
 
 
 def test_a_shard_that_cannot_be_named_is_dropped_closing_its_file_once(

@@ -150,7 +150,7 @@ class TooManyErrors(RagexamError):
     ) -> None:
         self.errors, self.total, self.limit, self.path = errors, total, limit, path
         share = errors / total if total else 0.0
-        said = f", most often ({reason[1]}): {reason[0]}" if reason else ""
+        said = f", most often ({reason[1]}): {reason[0].rstrip('.')}" if reason else ""
         super().__init__(
             f"{errors} of {total} rows ({share:.1%}) ended in error, above --max-error-rate "
             f"{limit:g}; the reasons are in the error column of {path}{said}. A rerun retries "

@@ -58,5 +58,5 @@ def batch_summary(batch: dict[str, Any]) -> str:
         waiting = f"; {batch['waiting']:,} wait for results" if batch["waiting"] else ""
         return f"batch files: {sent} to {batch['folder']}/requests, {merged}{waiting}"
     took = f", the batches took {span(batch['seconds'])}" if batch["seconds"] else ""
-    rounds = f" in {batch['rounds']} rounds" if batch["rounds"] > 1 else ""
-    return f"batches: {batch['batches']} made, {sent}, {merged}{rounds}{took}"
+    # not its rounds: the pass that merges the last batch is one, and no batch waits on it
+    return f"batches: {batch['batches']} made, {sent}, {merged}{took}"

@@ -293,6 +293,8 @@ def parse_answer(line: bytes) -> Answer | None:
             return None
     if not isinstance(data, dict) or not isinstance(data.get("custom_id"), str):
         return None
+    if "response" not in data and "error" not in data:  # a request line, or another shape
+        return None
     response, error = data.get("response"), data.get("error")
     if not isinstance(response, dict):  # never ran: OpenAI's {"code", "message"}
         return Answer(data["custom_id"], UNRUN, None, _reason(error))

@@ -112,6 +112,8 @@ class BatchRoad:
         self.runs = 1  # this run counts among the job's (not when it only shows an ended one)
         self.before: dict[str, Any] = {}
         self.ended: dict[str, Any] = {}  # the job the last run ended, for a run with no work
+        job = self.ledger.job  # what the requests out were made with, to say what changed
+        self.asked_with = (job.get("model"), job.get("prompt_hash"))
         self._job_so_far()
 
     def _job_so_far(self) -> None:
@@ -197,14 +199,37 @@ class BatchRoad:
             await passed.run(done)
         finally:
             self._count(passed)  # a pass stopped midway: what it did, for this run's record
-        if passed.unused:  # asked again, rightly, but a user wonders why results went unused
+        for path, lines in passed.index.unread.items():  # results it was given, not merged
+            one = lines == 1
             logger.warning(
-                f"{self.tag}: the results of {passed.unused} rows answer requests these rows no "
-                "longer make (their input, the prompt, the model or a setting such as "
-                "OPENAI_BASE_URL changed since they were asked): those rows are asked again"
+                f"{self.tag}: {lines} line{'' if one else 's'} of {path} "
+                f"{'has' if one else 'have'} a custom_id of this stage but no `response` nor "
+                "`error` (a request file, or another shape than OpenAI's or vLLM's output): "
+                f"not merged, {'its row still waits' if one else 'their rows still wait'}"
+            )
+        if passed.unused:  # asked again, rightly, but a user wonders why results went unused
+            one = passed.unused == 1
+            logger.warning(
+                f"{self.tag}: {passed.unused} row{'' if one else 's'} "
+                f"{'has' if one else 'have'} results for requests {'it' if one else 'they'} no "
+                f"longer make{'s' if one else ''} ({self._what_changed()}): asked again"
             )
         self.tidy()
         return passed
+
+    def _what_changed(self) -> str:
+        """Why results answer requests rows no longer make: the model or prompt the requests
+        out were made with, when this run's differ; else what else may have changed."""
+        model, prompt = self.asked_with
+        stage = self.runner.stage
+        if model is not None and model != stage.model:
+            return f"they were asked of the model {model}; this run asks {stage.model}"
+        if prompt is not None and prompt != stage.prompt_hash:
+            return f"they were asked with prompt {prompt}; this run's is {stage.prompt_hash}"
+        return (
+            "an input or a setting such as OPENAI_BASE_URL or the reply bound changed since "
+            "they were asked"
+        )
 
     def _commit(self, seen: list[list[Any]], passed: Pass) -> dict[str, Any]:
         """What the pass's `merged` event records beside its files: the files of --batch-dir

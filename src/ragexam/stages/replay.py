@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
@@ -76,6 +77,7 @@ class ResultIndex:
         self._where: dict[str, int | list[int]] = {}
         self._late: dict[str, int] = {}  # custom_id: location
         self._spans: list[Spans] = []
+        self.unread: Counter[Path] = Counter()  # lines of ours that are not results, by file
         for number, (path, fresh) in enumerate(files):
             self._spans.append(Spans(path))
             self._scan(tag, number, path, done, fresh and path not in spent)
@@ -158,6 +160,7 @@ class ResultIndex:
         answer = parse_answer(line)
         parsed = parse_custom_id(answer.custom_id) if answer else None
         if answer is None or parsed is None:
+            self.unread[self.files[number][0]] += 1
             return None
         return parsed[2], Known(answer, parsed[1], self.files[number][1], line)
 
@@ -271,6 +274,7 @@ class Pass:
             except Deferred as waiting:
                 self._defer(task.key, row, waiting)
                 return
+        self._bill_unused(row)
         self.runner.settle(task, values)
         self.out.pop(task.key, None)
         self.written += 1
@@ -307,7 +311,17 @@ class Pass:
         self.unused += bool(row.known) and not row.used  # results of requests it no longer makes
         for known in row.used:
             self._keep(known.line)
+        self._bill_unused(row)
         self._send(key, waiting.call, waiting.digest, waiting.url, waiting.body)
+
+    def _bill_unused(self, row: RowCalls) -> None:
+        """Bill the results new to this run that the row went without (it asks otherwise now):
+        paid for all the same, and spent with the files they came in."""
+        used = {id(known) for known in row.used}
+        for results in row.known.values():
+            for known in results:
+                if known.fresh and id(known) not in used:
+                    self.llm.billed(known.answer)
 
     def _send(self, key: str, call: int, digest: str, url: str, body: bytes) -> bool:
         """Write the request a row waits on (its call, with this body) into a shard, unless
