@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -77,6 +78,20 @@ def test_an_unreachable_endpoint_stops_the_stage_with_exit_4(
     assert len(read_csv(output) if output.exists() else []) < 20  # not 300 error rows
 
 
+def test_a_base_url_without_v1_is_said_to_answer_404_not_to_be_down(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server is up: blaming the connection sends the user to check the wrong thing.
+    store = build_store(tmp_path / "store", docs(3))
+    url = env.base_url.removesuffix("/v1")
+    monkeypatch.setenv("OPENAI_BASE_URL", url)
+    result = run_cli("generate", "--chroma", str(store), "--out", "run", "--limit", "3")
+    assert result.exit_code == 4, result.output
+    (line,) = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert "it answered HTTP 404" in line and "cannot connect" not in line
+    assert f"OPENAI_BASE_URL={url}/v1?" in " ".join(result.output.split())
+
+
 def test_an_unreachable_endpoint_stops_a_small_stage_with_exit_4_too(
     env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -121,11 +136,18 @@ def generating(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("again", [0, 20])
 def test_sigterm_is_an_interrupt_that_keeps_every_finished_row(
-    env: FakeOpenAI, tmp_path: Path
+    env: FakeOpenAI, tmp_path: Path, again: int
 ) -> None:
+    # `again`: a supervisor, or a user, sends TERM more than once: those after the first
+    # wait for it to wind the stage down (they ended the process as it exited: 143).
     process, output, args = generating(env, tmp_path, 21)
     os.kill(process.pid, signal.SIGTERM)
+    for _ in range(again):
+        time.sleep(0.02)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGTERM)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
     assert "Interrupted" in stderr

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -131,21 +133,29 @@ def test_a_planted_key_is_in_no_output_of_a_good_run(
 
 @pytest.mark.slow
 def test_sigkill_midway_then_rerun_loses_nothing_and_repeats_little(
-    env: FakeOpenAI, tmp_path: Path
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = build_store(tmp_path / "store", docs(120))
     env.latency = 0.1
     concurrency = 8
     args = ["generate", "--chroma", str(store), "--out", "run", "--concurrency", str(concurrency)]
     output = tmp_path / "run" / "qa_dataset.csv"
+    temporary = tmp_path / "tmp"  # where the snapshots of the store go
+    temporary.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temporary))
     kill_midway(args, output, 60)
     first_run = _chunks_asked(env.requests)
     survived = {row["chunk_id"] for row in read_csv(output)}  # also repairs a torn tail
     assert 30 < len(survived) < 120
+    (left,) = temporary.glob("ragexam-store-*")  # the killed process could not remove it
+    alive = temporary / f"ragexam-store-{os.getpid()}-x"  # a running command's: kept
+    alive.mkdir()
 
     env.latency = 0.0
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     result = run_cli(*args)
     assert result.exit_code == 0, result.output
+    assert list(temporary.iterdir()) == [alive] and not left.exists()  # the dead one's: swept
     rows = read_csv(output)
     assert sorted(row["chunk_id"] for row in rows) == sorted(f"chunk-{i:04d}" for i in range(120))
     assert {row["status"] for row in rows} == {"ok"}

@@ -223,7 +223,16 @@ def interruptible() -> None:
         return
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _terminated)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    """The first SIGTERM interrupts; the ones after wait for the stage to wind down (a
+    supervisor, or an impatient user, often sends two). Ignored, not reset: Python resets a
+    handler of its own to the default as it exits, which would end the process by the signal
+    (exit 143), but leaves an ignored signal ignored."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 def _deprecated_argv(command: str | None, argv: list[str]) -> list[str]:

@@ -22,6 +22,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlparse
 
 if TYPE_CHECKING:  # the SDK loads with the first stage, not with the CLI's run scope
     import openai
@@ -275,6 +276,7 @@ class Reachability:
         self.missed = 0  # calls that failed to reach it before any reached it
         self.ok = False
         self.cause = ""  # why the last of them failed
+        self.answered = False  # with a 404: the server is up, the URL's path is not its
 
     def reached(self) -> None:
         """A call got an answer from the endpoint."""
@@ -293,11 +295,30 @@ class Reachability:
         self.missed += 1
         cause = root_cause(exc) if isinstance(exc, openai.APIConnectionError) else exc
         self.cause = self.redact(str(cause))
+        self.answered = isinstance(exc, openai.NotFoundError)
         if self.missed >= UNREACHABLE_TO_STOP:
             raise EndpointError(
-                f"the endpoint {self.endpoint} failed the first {self.missed} calls: cannot "
-                f"connect: {self.cause}; check OPENAI_BASE_URL and that it is up"
+                f"the endpoint {self.endpoint} failed the first {self.missed} calls: {self.why()}"
             )
+
+    def why(self) -> str:
+        """Why the calls failed, and what to check: a server that answers 404 is up, at
+        another path; one that speaks no TLS is up, on http."""
+        if self.answered:
+            path = urlparse(self.endpoint).path.rstrip("/")
+            under = (
+                ""
+                if path.endswith("/v1")
+                else f"; OpenAI-compatible servers answer under /v1: OPENAI_BASE_URL="
+                f"{self.endpoint.rstrip('/')}/v1?"
+            )
+            return f"it answered HTTP 404 ({self.cause}): no chat completions at that URL{under}"
+        if "WRONG_VERSION_NUMBER" in self.cause:
+            return (
+                f"cannot connect: {self.cause}; it speaks no TLS there: use http://, not "
+                "https://, in OPENAI_BASE_URL"
+            )
+        return f"cannot connect: {self.cause}; check OPENAI_BASE_URL and that it is up"
 
     def never_reached(self) -> EndpointError | None:
         """After a stage: the error to stop with when it made calls and none reached the
@@ -306,5 +327,5 @@ class Reachability:
             return None
         return EndpointError(
             f"the endpoint {self.endpoint} failed every call of the stage ({self.missed}): "
-            f"cannot connect: {self.cause}; check OPENAI_BASE_URL and that it is up"
+            f"{self.why()}"
         )

@@ -3,7 +3,8 @@
 Chroma (1.x, its Rust core) has no read-only mode: opening a store rewrites `chroma.sqlite3`
 and index files, fails on a read-only mount, and even the refusal of an older store's format
 adds a table. So ragexam copies the store into a private temporary folder, once per process,
-and opens the copy; the user's store stays byte-identical. The copies go when the command ends.
+and opens the copy; the user's store stays byte-identical. The copies go when the command ends;
+those of a command killed (`kill -9`) go when the next one makes its own.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ragexam.errors import StoreError
+
+PREFIX = "ragexam-store-"  # then the process's number: the snapshots of a dead one are swept
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,8 @@ class Snapshots:
                 return self._made[key], False
             shutil.rmtree(self._made.pop(key).path.parent, ignore_errors=True)
         started = time.monotonic()
-        root = Path(tempfile.mkdtemp(prefix="ragexam-store-"))
+        _sweep()
+        root = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
         if not self._made:
             atexit.register(self.remove)  # a command that dies still leaves no copy behind
         try:
@@ -87,6 +91,26 @@ class Snapshots:
         while self._made:
             _, made = self._made.popitem()
             shutil.rmtree(made.path.parent, ignore_errors=True)
+
+
+def _sweep() -> None:
+    """Remove the snapshots of commands that died without removing theirs (`kill -9`, the
+    OOM killer): each is named by its process, and a process that is gone needs it no more."""
+    for root in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-*"):
+        pid = root.name.removeprefix(PREFIX).split("-", 1)[0]
+        if pid.isdigit() and root.is_dir() and not _alive(int(pid)):
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process of this number runs (one we may not signal runs too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _signature(store: Path) -> frozenset[tuple[str, int, int]]:
