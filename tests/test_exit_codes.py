@@ -92,6 +92,18 @@ def test_a_base_url_without_v1_is_said_to_answer_404_not_to_be_down(
     assert f"OPENAI_BASE_URL={url}/v1?" in " ".join(result.output.split())
 
 
+def test_https_on_a_port_that_speaks_http_is_named(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = build_store(tmp_path / "store", docs(3))
+    monkeypatch.setenv("OPENAI_BASE_URL", env.base_url.replace("http://", "https://"))
+    monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "1")
+    result = run_cli("generate", "--chroma", str(store), "--out", "run", "--limit", "3")
+    assert result.exit_code == 4, result.output
+    said = " ".join(result.output.split())
+    assert "it speaks no TLS there: use http://" in said and "not permitted" not in said
+
+
 def test_an_unreachable_endpoint_stops_a_small_stage_with_exit_4_too(
     env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -313,9 +313,10 @@ class Reachability:
                 f"{self.endpoint.rstrip('/')}/v1?"
             )
             return f"it answered HTTP 404 ({self.cause}): no chat completions at that URL{under}"
-        if "WRONG_VERSION_NUMBER" in self.cause:
+        if "WRONG_VERSION_NUMBER" in self.cause:  # the errno beside it says nothing true
+            tls = self.cause[max(self.cause.find("[SSL"), 0) :].rstrip(")")
             return (
-                f"cannot connect: {self.cause}; it speaks no TLS there: use http://, not "
+                f"cannot connect over TLS ({tls}): it speaks no TLS there: use http://, not "
                 "https://, in OPENAI_BASE_URL"
             )
         return f"cannot connect: {self.cause}; check OPENAI_BASE_URL and that it is up"
