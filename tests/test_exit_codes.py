@@ -78,29 +78,33 @@ def test_an_unreachable_endpoint_stops_the_stage_with_exit_4(
     assert len(read_csv(output) if output.exists() else []) < 20  # not 300 error rows
 
 
+def three_rows_against(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """`generate` of 3 chunks against this base URL, one retry a call: it stops with exit 4
+    (fewer calls than the first-calls cut-off: said at the end); what it said."""
+    store = build_store(tmp_path / "store", docs(3))
+    monkeypatch.setenv("OPENAI_BASE_URL", url)
+    monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "1")
+    result = run_cli("generate", "--chroma", str(store), "--out", "run", "--limit", "3")
+    assert result.exit_code == 4, result.output
+    return str(result.output)
+
+
 def test_a_base_url_without_v1_is_said_to_answer_404_not_to_be_down(
     env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The server is up: blaming the connection sends the user to check the wrong thing.
-    store = build_store(tmp_path / "store", docs(3))
     url = env.base_url.removesuffix("/v1")
-    monkeypatch.setenv("OPENAI_BASE_URL", url)
-    result = run_cli("generate", "--chroma", str(store), "--out", "run", "--limit", "3")
-    assert result.exit_code == 4, result.output
-    (line,) = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    output = three_rows_against(url, tmp_path, monkeypatch)
+    (line,) = [line for line in output.splitlines() if line.startswith("Error:")]
     assert "it answered HTTP 404" in line and "cannot connect" not in line
-    assert f"OPENAI_BASE_URL={url}/v1?" in " ".join(result.output.split())
+    assert f"OPENAI_BASE_URL={url}/v1?" in " ".join(output.split())
 
 
 def test_https_on_a_port_that_speaks_http_is_named(
     env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = build_store(tmp_path / "store", docs(3))
-    monkeypatch.setenv("OPENAI_BASE_URL", env.base_url.replace("http://", "https://"))
-    monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "1")
-    result = run_cli("generate", "--chroma", str(store), "--out", "run", "--limit", "3")
-    assert result.exit_code == 4, result.output
-    said = " ".join(result.output.split())
+    url = env.base_url.replace("http://", "https://")
+    said = " ".join(three_rows_against(url, tmp_path, monkeypatch).split())
     assert "it speaks no TLS there: use http://" in said and "not permitted" not in said
 
 
@@ -109,15 +113,11 @@ def test_an_unreachable_endpoint_stops_a_small_stage_with_exit_4_too(
 ) -> None:
     # 3 chunks make fewer calls than the first-calls cut-off: it is said at the end, not
     # as "3 of 3 rows ended in error" (exit 1), which blames the rows
-    store = build_store(tmp_path / "store", docs(3))
     url = f"http://127.0.0.1:{closed_port()}/v1"
-    monkeypatch.setenv("OPENAI_BASE_URL", url)
-    monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "1")
-    result = run_cli("generate", "--chroma", str(store), "--out", "run", "--limit", "3")
-    assert result.exit_code == 4, result.output
-    lines = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    output = three_rows_against(url, tmp_path, monkeypatch)
+    lines = [line for line in output.splitlines() if line.startswith("Error:")]
     assert len(lines) == 1 and url in lines[0] and "failed every call of the stage" in lines[0]
-    assert "connect" in lines[0].lower() and "ended in error" not in result.output
+    assert "connect" in lines[0].lower() and "ended in error" not in output
 
 
 def ignore_sigint() -> None:
