@@ -236,11 +236,13 @@ class Pass:
                 self.llm.billed(answer)
             if isinstance(tasks, AsyncIterator):
                 async for task in tasks:
-                    await self._next(task)
+                    handled, known = self._directly(task)
+                    if not handled:
+                        await self._row(task, known)
             else:  # the rows of a million-row judge: no coroutine for a row done directly
                 for task in tasks:
-                    known = self.index.take(task.key) if task.key in self.index else {}
-                    if self.opens is None or not self._opened(self.opens, task, known):
+                    handled, known = self._directly(task)
+                    if not handled:
                         await self._row(task, known)
             self._keep_the_rest()
             for writer in self._writers.values():
@@ -253,10 +255,11 @@ class Pass:
             self.index.close()
         self._retire()
 
-    async def _next(self, task: Task) -> None:
+    def _directly(self, task: Task) -> tuple[bool, dict[str, list[Known]]]:
+        """Take the row's results, and do the row by its first call alone if it can be:
+        whether it was, and its results (for the whole way, if not)."""
         known = self.index.take(task.key) if task.key in self.index else {}
-        if self.opens is None or not self._opened(self.opens, task, known):
-            await self._row(task, known)
+        return self.opens is not None and self._opened(self.opens, task, known), known
 
     async def _row(self, task: Task, known: dict[str, list[Known]]) -> None:
         """Do a row the whole way (once its first call's form is learned: directly, if the
