@@ -148,14 +148,18 @@ def test_sigkill_midway_then_rerun_loses_nothing_and_repeats_little(
     survived = {row["chunk_id"] for row in read_csv(output)}  # also repairs a torn tail
     assert 30 < len(survived) < 120
     (left,) = temporary.glob("ragexam-store-*")  # the killed process could not remove it
-    alive = temporary / f"ragexam-store-{os.getpid()}-x"  # a running command's: kept
-    alive.mkdir()
+    namespace = str(Path("/proc/self/ns/pid").readlink())[5:-1]  # pid:[NUMBER]
+    alive = temporary / f"ragexam-store-{os.getpid()}-{namespace}-x"  # a running one's: kept
+    dead = left.name.split("-")[2]  # the killed process's number ...
+    elsewhere = temporary / f"ragexam-store-{dead}-1-x"  # ... in another container's: kept
+    for kept in (alive, elsewhere):
+        kept.mkdir()
 
     env.latency = 0.0
     monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     result = run_cli(*args)
     assert result.exit_code == 0, result.output
-    assert list(temporary.iterdir()) == [alive] and not left.exists()  # the dead one's: swept
+    assert sorted(temporary.iterdir()) == sorted([alive, elsewhere])  # the dead one's: swept
     rows = read_csv(output)
     assert sorted(row["chunk_id"] for row in rows) == sorted(f"chunk-{i:04d}" for i in range(120))
     assert {row["status"] for row in rows} == {"ok"}

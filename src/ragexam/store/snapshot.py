@@ -59,7 +59,7 @@ class Snapshots:
             shutil.rmtree(self._made.pop(key).path.parent, ignore_errors=True)
         started = time.monotonic()
         _sweep()
-        root = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
+        root = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-{_namespace()}-"))
         if not self._made:
             atexit.register(self.remove)  # a command that dies still leaves no copy behind
         try:
@@ -95,11 +95,24 @@ class Snapshots:
 
 def _sweep() -> None:
     """Remove the snapshots of commands that died without removing theirs (`kill -9`, the
-    OOM killer): each is named by its process, and a process that is gone needs it no more."""
-    for root in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-*"):
-        pid = root.name.removeprefix(PREFIX).split("-", 1)[0]
-        if pid.isdigit() and root.is_dir() and not _alive(int(pid)):
+    OOM killer): each is named by its process, and a process that is gone needs it no more.
+    Only those of this user and of this process namespace: a container sharing the folder
+    numbers its processes apart."""
+    ours = _namespace()
+    for root in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-*-*"):
+        pid, namespace, _ = root.name.removeprefix(PREFIX).split("-", 2)
+        if namespace != ours or not pid.isdigit() or _alive(int(pid)):
+            continue
+        if root.is_dir() and root.stat().st_uid == os.getuid():
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _namespace() -> str:
+    """This process's PID namespace (Linux), in which its number means this process."""
+    try:
+        return str(Path("/proc/self/ns/pid").readlink()).removeprefix("pid:[").removesuffix("]")
+    except OSError:
+        return "0"
 
 
 def _alive(pid: int) -> bool:
