@@ -188,6 +188,32 @@ def test_a_rag_module_that_fails_to_load_is_a_one_line_error(
     assert env.requests == []
 
 
+def test_a_rag_callable_that_cannot_take_the_question_alone_is_one_line_before_any_call(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    (tmp_path / "two_args_rag.py").write_text(
+        "def answer(question, k):\n"
+        "    return 'an answer', []\n"
+        "def fine(question, k=4, *rest, **options):\n"
+        "    return 'an answer', []\n"
+    )
+    write_qa(
+        tmp_path / "run" / "qa_dataset.csv", [{"qa_id": "a", "chunk_id": "c0", "question": "q"}]
+    )
+    result = run_cli("answer", "--out", "run", "--rag", "two_args_rag:answer")
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        "Error: --rag 'two_args_rag:answer': it is called with the question alone, as "
+        "f(question), but its signature is (question, k) (missing a required argument: 'k'); "
+        "give the other parameters defaults, or wrap it\n"
+    )
+    assert env.requests == [] and not (tmp_path / "run" / "answers.csv").exists()
+    # defaults, *args and **kwargs take the question alone: its row is answered
+    past = run_cli("answer", "--out", "run", "--rag", "two_args_rag:fine")
+    assert past.exit_code == 0, past.output
+    assert [row["status"] for row in read_csv(tmp_path / "run" / "answers.csv")] == ["ok"]
+
+
 def answered_by_a_rag_that_fails(
     env: FakeOpenAI, tmp_path: Path, name: str, failing: str, kind: str = "async def"
 ) -> dict[str, dict[str, str]]:

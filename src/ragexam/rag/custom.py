@@ -69,12 +69,36 @@ def load_rag(spec: str) -> Any:
 
 
 def rag_object(rag: Any) -> Any:
-    """The RAG system: `module:callable` loaded, or the callable or Runnable given itself."""
-    if rag is None or not isinstance(rag, str):
-        if rag is not None and not (callable(rag) or hasattr(rag, "ainvoke")):
+    """The RAG system: `module:callable` loaded, or the callable or Runnable given itself,
+    checked to take the question alone."""
+    if rag is None:
+        return None
+    if not isinstance(rag, str):
+        if not (callable(rag) or hasattr(rag, "ainvoke")):
             raise ConfigError(f"rag is {type(rag).__name__}: not a callable or a Runnable")
+        _check_takes_question(rag, f"rag {rag_name(rag)}")
         return rag
-    return load_rag(rag)
+    loaded = load_rag(rag)
+    _check_takes_question(loaded, f"--rag {rag!r}")
+    return loaded
+
+
+def _check_takes_question(rag: Any, named: str) -> None:
+    """Refuse, in one line before any question, a callable that cannot be called with the
+    question alone (`def answer(question, k)`): each row would fail with the same TypeError."""
+    if hasattr(rag, "ainvoke"):
+        return  # a Runnable: invoked with one input, whatever its function's signature
+    try:
+        signature = inspect.signature(rag)
+    except (TypeError, ValueError):
+        return  # a callable that Python cannot describe (a builtin): it says for itself
+    try:
+        signature.bind("the question")
+    except TypeError as exc:
+        raise ConfigError(
+            f"{named}: it is called with the question alone, as f(question), but its "
+            f"signature is {signature} ({exc}); give the other parameters defaults, or wrap it"
+        ) from None
 
 
 def rag_name(rag: Any) -> str:
