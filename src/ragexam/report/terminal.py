@@ -28,25 +28,50 @@ SHORT = {
 
 
 def terminal_table(result: StatsResult) -> Table:
-    """The per-document summary as a compact rich table that fits 80 columns."""
+    """The per-document summary as a compact rich table that fits 80 columns: the documents'
+    common folder said once, and the figures never cut (the names give way first)."""
     shown = result.by_document.head(TERMINAL_ROWS)
     counts = ["questions", "errors"] + (["pending"] * bool(result.overall["pending"].iloc[0]))
+    names = [printable(str(name)) for name in shown["document"]]
+    folder = common_folder(names) if any(len(name) > TERMINAL_NAME for name in names) else ""
+    under = f", in {folder}" if folder else ""
     table = Table(
-        title=f"Worst {len(shown)} of {len(result.by_document)} documents by completeness",
+        title=f"Worst {len(shown)} of {len(result.by_document)} documents by completeness{under}",
         caption=f"mean, and ± half its 95% bootstrap CI; cutoff k={result.k}; the bounds and "
         f"every document are in {result.paths['summary_by_document'].name}",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
     )
+    rows = [
+        _terminal_cells(row, counts, name[len(folder) :])
+        for name, (_, row) in zip(names, shown.iterrows(), strict=True)
+    ]
+    whole = result.overall.iloc[0]
+    overall = _terminal_cells(whole, counts, printable(str(whole["document"])))
     table.add_column("document", no_wrap=True, min_width=12, max_width=TERMINAL_NAME)
-    table.add_column("diagnosis")
-    for header in [SHORT.get(name, name) for name in counts] + [SHORT[m] for _, m, _ in MEANS]:
-        table.add_column(header, justify="right")
-    for _, row in shown.iterrows():
-        table.add_row(*_terminal_cells(row, counts))
+    headers = ["diagnosis"] + [SHORT.get(name, name) for name in counts]
+    headers += [SHORT[m] for _, m, _ in MEANS]
+    for column, header in enumerate(headers, start=1):  # never narrower than its cells
+        lines = [line for row in [*rows, overall] for line in row[column].plain.split("\n")]
+        widest = max(len(text) for text in [header, *lines])
+        table.add_column(header, justify="left" if column == 1 else "right", min_width=widest)
+    for row in rows:
+        table.add_row(*row)
     table.add_section()
-    table.add_row(*_terminal_cells(result.overall.iloc[0], counts), style="bold")
+    table.add_row(*overall, style="bold")
     return table
+
+
+def common_folder(names: list[str]) -> str:
+    """The folder every name is in, with its trailing slash ("" if none): absolute paths, as
+    LangChain's and LlamaIndex's loaders name documents, say little in their first half."""
+    folders = [name.split("/")[:-1] for name in names]
+    common: list[str] = []
+    for parts in zip(*folders, strict=False):  # as far as the shortest
+        if any(part != parts[0] for part in parts):
+            break
+        common.append(parts[0])
+    return "/".join(common) + "/" if common else ""
 
 
 KIND_FIGURES = {
@@ -85,11 +110,11 @@ def short_name(name: str, width: int = TERMINAL_NAME) -> str:
     return name if len(name) <= width else "…" + name[-(width - 1) :]
 
 
-def _terminal_cells(row: pd.Series, counts: list[str]) -> list[Text]:
+def _terminal_cells(row: pd.Series, counts: list[str], name: str) -> list[Text]:
     """One row's cells; Text keeps a document name like "[red]" from being read as markup."""
     diagnosis = str(row["diagnosis"])
     cells = [
-        Text(short_name(printable(str(row["document"])))),
+        Text(short_name(name)),
         Text(diagnosis, style=diagnosis_colour(diagnosis, True)),
     ]
     cells += [Text(str(row[name])) for name in counts]
