@@ -4,7 +4,8 @@ nothing closed, no handler run) at a chosen step of the batch road.
     python tests/dying.py POINT N ARGS...
 
 POINT is `settle` (once the Nth row is settled) or `event:NAME` (once the Nth ledger event
-NAME is on disk). RAGEXAM_TEST_HELD_BYTES sets how much the row log holds before it writes.
+NAME is on disk). RAGEXAM_TEST_HELD_BYTES sets how much the row log holds before it writes,
+RAGEXAM_TEST_SHARD_LINES how many requests a shard holds.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 from typing import Any
 
 from ragexam.cli import main
-from ragexam.io import rowlog
+from ragexam.io import batchfiles, rowlog
 from ragexam.io.ledger import Ledger
 from ragexam.stages.runner import Runner
 
@@ -40,6 +41,8 @@ if __name__ == "__main__":
     point, n, args = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
     if "RAGEXAM_TEST_HELD_BYTES" in os.environ:
         rowlog.HELD_BYTES = int(os.environ["RAGEXAM_TEST_HELD_BYTES"])
+    if "RAGEXAM_TEST_SHARD_LINES" in os.environ:
+        batchfiles.MAX_LINES = int(os.environ["RAGEXAM_TEST_SHARD_LINES"])
     if point == "settle":
         die_after(Runner, "settle", lambda *_: True, n)
     else:

@@ -35,11 +35,15 @@ def batch_env(env: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> FakeOpenAI:
     return env
 
 
-def killed_at(point: str, n: int, *args: str, held: int | None = None) -> int:
+def killed_at(
+    point: str, n: int, *args: str, held: int | None = None, shard_lines: int | None = None
+) -> int:
     """Run ragexam in a child that dies at `point` (see tests/dying.py); its exit code."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), str(HERE)])}
     if held is not None:
         env["RAGEXAM_TEST_HELD_BYTES"] = str(held)
+    if shard_lines is not None:
+        env["RAGEXAM_TEST_SHARD_LINES"] = str(shard_lines)
     command = [sys.executable, str(HERE / "dying.py"), point, str(n), *args]
     return subprocess.run(command, env=env, capture_output=True, timeout=120).returncode
 
@@ -335,4 +339,25 @@ def test_killed_before_its_batch_is_made_the_rerun_times_the_batch_it_makes(
     exam(tmp_path / "run", N)
     assert killed_at("event:shard", 1, *JUDGE) == KILLED  # the shard written, no batch yet
     assert run_cli(*JUDGE).exit_code == 0
-    assert record_of(tmp_path)["batch"]["seconds"] is not None
+    batch = record_of(tmp_path)["batch"]
+    assert batch["seconds"] is not None
+    # the killed run wrote the requests and their shard: the job's record counts it
+    assert (batch["runs"], batch["requests"], batch["shards"], batch["batches"]) == (2, N, 1, 1)
+    assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}
+    assert_billed_as_the_rows(tmp_path, N)
+
+
+def test_batch_dir_killed_between_two_shards_the_record_counts_the_requests_it_wrote(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    exam(tmp_path / "run", N)
+    assert killed_at("event:shard", 2, *DIR_JUDGE, shard_lines=5) == KILLED  # 10 of 12 out
+    assert run_cli(*DIR_JUDGE).exit_code == WAITING  # the last 2
+    written = sorted((tmp_path / "files" / "requests").glob("*.jsonl"))
+    assert [len(path.read_bytes().splitlines()) for path in written] == [5, 5, 2]
+    run_batch_files(env, tmp_path / "files")
+    assert run_cli(*DIR_JUDGE).exit_code == 0
+    batch = record_of(tmp_path)["batch"]
+    assert (batch["runs"], batch["requests"], batch["shards"]) == (3, N, 3), batch
+    assert batch["results_merged"] == N
+    assert_billed_as_the_rows(tmp_path, N)

@@ -8,7 +8,8 @@ never sends their rows again. A torn last line (a kill mid-write) is ignored.
 Paths inside the run folder are recorded relative to it, so that the folder may be moved or
 named otherwise on the next run; others (a --batch-dir) are recorded resolved.
 
-    shard      a request file written: its name, path, custom_ids file, lines, bytes, mode
+    shard      a request file written: its name, path, custom_ids file, lines, bytes, mode,
+               and the batch job's totals with its requests in
     uploaded   its file is at the endpoint (file_id)
     submitted  its batch exists (batch_id)
     resubmit   its batch was refused for now (the queue was full): submit the file again
@@ -18,7 +19,7 @@ named otherwise on the next run; others (a --batch-dir) are recorded resolved.
                them), the file of results carried to a later pass, the --batch-dir files
                merged as they were (size, mtime), and the batch job's totals, all in one
                event, so that a kill leaves all of them recorded or none
-    job        the batch job's totals (they ride on `submitted` and `merged` too)
+    job        the batch job's totals (they ride on `shard`, `submitted` and `merged` too)
 
 Older ledgers have `carry` and `seen` as events of their own: they are read as before.
 """

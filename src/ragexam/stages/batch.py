@@ -24,7 +24,7 @@ import openai
 
 from ragexam.config import Settings
 from ragexam.errors import ConfigError, EndpointError
-from ragexam.io.batchfiles import parse_custom_id, read_ids
+from ragexam.io.batchfiles import Shard, parse_custom_id, read_ids
 from ragexam.io.ledger import Ledger, ShardState
 from ragexam.io.runfolder import RunFolder
 from ragexam.llm.transport import routable
@@ -110,6 +110,7 @@ class BatchRoad:
         self.submitted: list[str] = []  # shards whose batch this run made (or found)
         self.waiting = 0
         self.runs = 1  # this run counts among the job's (not when it only shows an ended one)
+        self.recorded = False  # the ledger's job counts this run: it recorded the job's totals
         self.before: dict[str, Any] = {}
         self.ended: dict[str, Any] = {}  # the job the last run ended, for a run with no work
         job = self.ledger.job  # what the requests out were made with, to say what changed
@@ -157,7 +158,25 @@ class BatchRoad:
         started = self._span()[0] + ([made] if made is not None else [])
         began = {"began": min(started)} if started else {}
         by = {"model": stage.model, "prompt_hash": stage.prompt_hash}
+        self.recorded = True  # each caller records them
         return {**counts, **began, **by, "ended": not self.out and not carried}
+
+    def _with_shard(self, passed: Pass, shard: Shard) -> dict[str, Any]:
+        """What a `shard` event records beside the shard: the job's totals as a kill right
+        after it leaves them, with the shard's requests in (and the run and pass that wrote
+        it). Only those: the pass's other figures (results merged, rows written, their calls
+        and tokens) are recorded once it merges, beside the rows they made."""
+        if self.recorded:
+            job = dict(self.ledger.job)
+        else:  # this run's first step recorded: the first of a job (going on, it records one)
+            stage = self.runner.stage
+            job = {**dict.fromkeys(COUNTED, 0), "calls": 0, "prompt": 0, "completion": 0}
+            job |= {"runs": 1, "model": stage.model, "prompt_hash": stage.prompt_hash}
+            self.recorded = True
+        first = len(passed.shards) == 1  # the pass's first shard: the pass counts as a round
+        for name, more in (("requests", shard.lines), ("shards", 1), ("rounds", int(first))):
+            job[name] = int(job.get(name) or 0) + more  # an older ledger's job may lack one
+        return {"job": {**job, "ended": False}}
 
     def close_job(self) -> None:
         """Record the batch job's totals at the end of a run: whether the job ended. A run
@@ -195,6 +214,7 @@ class BatchRoad:
         folders = (requests, self.files)
         passed = Pass(self.runner, self.plan, self.ledger, index, self.out, folders, self.kind)
         passed.commit = partial(self._commit, seen or [])
+        passed.with_shard = self._with_shard
         try:
             await passed.run(done)
         finally:

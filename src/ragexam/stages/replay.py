@@ -220,6 +220,8 @@ class Pass:
         self.llm: LLM = plan.llm  # type: ignore[attr-defined]  # drive checked it has one
         # what the `merged` event records beside the files (the road's: its job's totals)
         self.commit: Callable[[Pass], dict[str, Any]] = lambda _: {}
+        # and what each `shard` event records beside the shard (the job's totals, it in)
+        self.with_shard: Callable[[Pass, Shard], dict[str, Any]] = lambda *_: {}
         self.counted = False  # the road counted the pass's figures in its own
 
     @property
@@ -354,6 +356,7 @@ class Pass:
                     bytes=shard.size,
                     url=url,
                     mode=self.mode,
+                    **self.with_shard(self, shard),
                 )
 
             names = iter(self.ledger.next_name, None)
