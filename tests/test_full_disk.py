@@ -93,6 +93,7 @@ def test_a_full_disk_under_the_request_shards_is_one_line_and_sends_nothing_half
     assert last.startswith(f"Error: no space left on {small_disk / 'requests'} (writing judge-")
     assert "Internal error" not in full.output and env.count() == 0
     assert not list((small_disk / "requests").glob("*.jsonl"))  # only a `.part`, unrecorded
+    assert not list((tmp_path / "run").rglob("*.ids"))  # nor its custom_ids under a name
     grow(small_disk)
     again = run_cli(*args, "--batch-dir", str(small_disk))
     assert again.exit_code == 75, again.output

@@ -131,11 +131,16 @@ class ShardWriter:
             return
         path = self.folder / f"{self._name}.jsonl"
         ids = self.ids_folder / f"{self._name}.ids"
-        for handle, final in ((self._ids, ids), (self._file, path)):
+        pairs = ((self._ids, ids), (self._file, path))
+        for handle, final in pairs:  # both whole on disk before either takes its name
             try:
                 handle.flush()
                 os.fsync(handle.fileno())
                 handle.close()
+            except OSError as exc:
+                raise write_error(final, exc, "; make room and rerun the same command") from None
+        for _, final in pairs:
+            try:
                 self._part(final).replace(final)
             except OSError as exc:
                 raise write_error(final, exc, "; make room and rerun the same command") from None
