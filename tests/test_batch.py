@@ -9,6 +9,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,31 @@ def test_a_full_queue_is_submitted_again_at_no_cost_to_the_rows(
     assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}
     events = ledger_events(tmp_path / "run" / "batches" / "judge.jsonl")
     assert [e["event"] for e in events].count("resubmit") == 2
+
+
+def test_the_batches_time_counts_the_queue_that_refused_them(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    batch_env.batch.fail_validation = "token_limit_exceeded"
+    batch_env.batch.fail_validation_count = 1
+    refused: list[str] = []
+
+    def made_ten_minutes_ago(method: str, path: str, reply: HttpReply) -> HttpReply:
+        payload = reply.payload  # the first batch, the one the full queue refuses
+        if not isinstance(payload, dict) or payload.get("object") != "batch":
+            return reply
+        refused[:] = refused or [payload["id"]]
+        if payload["id"] != refused[0]:
+            return reply
+        return replace(reply, payload={**payload, "created_at": payload["created_at"] - 600})
+
+    batch_env.batch.alter = made_ten_minutes_ago
+    exam(tmp_path / "run", N)
+    result = judge()
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["judge"]
+    assert record["batch"]["batches"] == 2 and 600 <= record["batch"]["seconds"] < 660
+    assert "the batches took 10m" in " ".join(result.output.split())
 
 
 def test_a_batch_that_fails_validation_leaves_error_rows_with_the_reason(

@@ -173,7 +173,10 @@ def _uploaded(ledger: Ledger, shard: ShardState, event: dict[str, Any]) -> None:
 
 
 def _submitted(ledger: Ledger, shard: ShardState, event: dict[str, Any]) -> None:
-    shard.batch_id, shard.submitted_at = event["batch_id"], float(event.get("at") or time.time())
+    at = float(event.get("at") or time.time())
+    shard.batch_id = event["batch_id"]
+    # made again after the queue refused it: its batch's time runs from the first, refusals in
+    shard.submitted_at = at if shard.submitted_at is None else min(shard.submitted_at, at)
 
 
 def _resubmit(ledger: Ledger, shard: ShardState, event: dict[str, Any]) -> None:
