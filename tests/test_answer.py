@@ -252,6 +252,19 @@ def test_a_raising_rag_gives_error_rows_not_a_crash(env: FakeOpenAI, tmp_path: P
     assert rows["b"]["answer"] == "" and rows["b"]["target_rank"] == ""
 
 
+@pytest.mark.parametrize(
+    ("retrieved", "said"), [("'c1'", "one str ('c1')"), ("{'id': 'c1'}", "one dict ({'id': 'c1'})")]
+)
+def test_retrieved_chunks_as_one_string_or_mapping_are_refused_not_read_letter_by_letter(
+    env: FakeOpenAI, tmp_path: Path, retrieved: str, said: str
+) -> None:
+    name = f"one_{'str' if retrieved.startswith(chr(39)) else 'dict'}_rag"
+    rows = answered_by_a_rag_that_fails(env, tmp_path, name, f"return 'an answer', {retrieved}")
+    assert rows["a"]["status"] == rows["c"]["status"] == "ok"
+    assert rows["b"]["status"] == "error" and rows["b"]["retrieved_ids"] == ""
+    assert f"retrieved chunks are {said}, not a list of chunks" in rows["b"]["error"]
+
+
 def test_a_rag_module_that_exits_at_import_is_a_one_line_error(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:

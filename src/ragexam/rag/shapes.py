@@ -127,6 +127,13 @@ def _got(answer: Any, retrieved: Any, shape: str) -> Got:
     text = text_of(answer)
     if text is None:
         raise RowError(f"the RAG callable's answer is {type_name(answer)}, not text ({shape})")
+    if isinstance(retrieved, str | bytes | Mapping):  # iterated, it would be letters or keys
+        shown = repr(retrieved)
+        shown = shown if len(shown) <= 60 else shown[:59] + "…"
+        raise RowError(
+            f"the RAG callable's retrieved chunks are one {type_name(retrieved)} ({shown}), not "
+            f"a list of chunks: return a list, best first, each {UNDERSTOOD} ({shape})"
+        )
     hits = None if retrieved is None else [hit_of(item) for item in retrieved]
     return Got(text, hits, shape)
 
