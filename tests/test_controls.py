@@ -175,3 +175,18 @@ def test_run_controls_answer_with_the_runs_own_options(env: FakeOpenAI, tmp_path
     for folder in ("run", "run/gold", "run/closed_book"):
         header = (tmp_path / folder / "answers.csv").read_text(encoding="utf-8").splitlines()[0]
         assert "retrieved_texts" not in header and "source_text" not in header, folder
+
+
+def test_unanswerable_questions_stay_out_of_the_control_runs_figures(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # Closed-book, "I don't know" is the right answer to an unanswerable question: counted in,
+    # it made a document that retrieval never finds look answered from prior knowledge.
+    world = World({"found.md": 3, "missed.md": 3}, missed={"missed.md"})
+    rows = summary(run_world(env, tmp_path, world, "--unanswerable", "4"))
+    kinds = {row["kind"] for row in read_csv(tmp_path / "run" / "qa_dataset.csv")}
+    assert kinds == {"single", "unanswerable"}
+    for document in ("found.md", "missed.md", "ALL"):
+        assert float(rows[document]["completeness_closed_book"]) <= 0.05, document
+    assert rows["missed.md"]["diagnosis"] == "retrieval"
+    assert rows["found.md"]["diagnosis"] == "ok"

@@ -169,3 +169,48 @@ def _number(value: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def test_right_declines_do_not_make_a_document_look_wordy(tmp_path: Path) -> None:
+    # A right answer to an unanswerable question declines, and a decline states nothing: its
+    # conciseness is 0. Read in, d1 (answerable answers complete and concise) would be "too
+    # much context"; the diagnosis is read from the answerable questions.
+    declined = (1.0, 0.0, ["present"], [])
+    runs = {
+        "d1": [("single", 1.0, 1.0, None, None)] * 2 + [("unanswerable", *declined)] * 2,
+        "d2": [("unanswerable", *declined)] * 2,  # only declines: ok
+        "d3": [("unanswerable", 0.0, 0.0, ["absent"], MADE_UP)] * 2,  # only made up
+    }
+    qa, answers, judgments = [], [], []
+    for document, graded in runs.items():
+        for n, (kind, complete, concise, verdicts, said) in enumerate(graded):
+            qa_id = f"{document}-{n}"
+            chunks, ranks = ([f"c-{qa_id}"], [1]) if kind == "single" else ([], [])
+            qa.append(exam_row(qa_id, document, kind, chunks, f"Q {qa_id}?"))
+            answers.append(
+                {"qa_id": qa_id, "answer": "A", "retrieved_ids": json.dumps([f"c-{qa_id}"]),
+                 "target_rank": min(ranks, default=""), "target_ranks": json.dumps(ranks),
+                 "status": "ok", "error": ""}
+            )  # fmt: skip
+            judgments.append(
+                {"qa_id": qa_id, "completeness": complete, "conciseness": concise,
+                 "key_point_verdicts": json.dumps(verdicts) if verdicts else "",
+                 "answer_statements": json.dumps(said) if said is not None else "",
+                 "status": "ok", "error": ""}
+            )  # fmt: skip
+    run = tmp_path / "run"
+    write_dict_rows(run / "qa_dataset.csv", qa)
+    write_dict_rows(run / "answers.csv", answers)
+    write_dict_rows(run / "judgments.csv", judgments)
+    result = run_cli("stats", "--out", str(run))
+    assert result.exit_code == 0, result.output
+    documents = {row["document"]: row for row in read_rows(run / "summary_by_document.csv", [])}
+    assert float(documents["d1"]["conciseness_mean"]) == 0.5  # the figure covers every question
+    assert documents["d1"]["diagnosis"] == "ok"
+    assert documents["d2"]["diagnosis"] == "ok"
+    assert documents["d3"]["diagnosis"] == "generation"  # it makes answers up
+    (overall,) = read_rows(run / "summary.csv", ["document"])
+    assert overall["diagnosis"] == "ok"
+    by_kind = {row["kind"]: row for row in read_rows(run / "summary_by_kind.csv", ["kind"])}
+    assert by_kind["unanswerable"]["diagnosis"] == "ok"  # 4 of 6 declined, completeness 0.67
+    assert "trim the context" not in result.output

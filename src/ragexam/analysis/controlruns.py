@@ -25,13 +25,19 @@ MEASURED = {
 
 
 def control_means(
-    questions: pd.DataFrame, groups: npt.NDArray[np.int64], n: int, completeness: Any
+    questions: pd.DataFrame,
+    groups: npt.NDArray[np.int64],
+    answerable: npt.NDArray[np.bool_],
+    n: int,
+    completeness: Any,
 ) -> dict[str, Any]:
-    """Per group, the mean completeness of each control run present, and the retrieval loss."""
+    """Per group, the mean completeness of each control run present over its answerable
+    questions (`groups`: theirs), and the retrieval loss against `completeness`, theirs too.
+    Unanswerable questions stay out: "I don't know" is their right answer, closed-book too."""
     columns: dict[str, Any] = {}
     for name in COLUMNS.values():
         if name in questions:
-            values = questions[name].to_numpy(dtype=float)
+            values = questions[name].to_numpy(dtype=float)[answerable]
             judged = ~np.isnan(values)
             with np.errstate(invalid="ignore", divide="ignore"):
                 columns[name] = np.bincount(groups[judged], values[judged], n) / np.bincount(

@@ -19,7 +19,7 @@ from ragexam.analysis.cutoffs import cutoff_columns
 from ragexam.analysis.grouped import grouped_bootstrap_ci
 from ragexam.analysis.keypoints import exam_key_points, graded_by_key_points
 from ragexam.analysis.keypointstats import kappa_bounds, key_point_columns
-from ragexam.analysis.kinds import by_kind, kind_codes, kind_columns, retrieved
+from ragexam.analysis.kinds import BoolArray, by_kind, kind_codes, kind_columns, retrieved
 from ragexam.analysis.missed import most_missed
 from ragexam.analysis.questions import (
     deepest_rank,
@@ -43,7 +43,7 @@ from ragexam.analysis.summary import (
 )
 from ragexam.analysis.verdict import read_verdict
 from ragexam.io.atomic import atomic_file
-from ragexam.io.cells import KINDS
+from ragexam.io.cells import KINDS, UNANSWERABLE
 from ragexam.io.csvfile import escape_cell, unescape_cell
 from ragexam.io.runfolder import RunFolder
 
@@ -167,12 +167,31 @@ def _columns(
     scored = retrieved(questions)
     columns.update(_retrieval(groups[scored], states.index[scored], states, n, ci))
     columns.update(cutoff_columns(groups[scored], states.index[scored], states, n))
-    completeness, conciseness = columns["completeness_mean"], columns["conciseness_mean"]
-    columns.update(control_means(questions, groups, n, completeness))
+    answerable = kind_codes(questions) != KINDS.index(UNANSWERABLE)
+    completeness, conciseness = _read_from(questions, groups, n, judged & answerable, columns)
+    columns.update(control_means(questions, groups[answerable], answerable, n, completeness))
     diagnosis = diagnose(completeness, conciseness, columns["hit_rate"], columns["n_judged"])
     low_conciseness = conciseness < LOW_CONCISENESS
     columns["diagnosis"] = measured_diagnosis(columns, diagnosis, low_conciseness)
     return pd.DataFrame(columns)
+
+
+def _read_from(
+    questions: pd.DataFrame, groups: IntArray, n: int, answerable: BoolArray, columns: Any
+) -> tuple[FloatArray, FloatArray]:
+    """The completeness and conciseness a group's diagnosis is read from: its answerable
+    questions' (a right answer to an unanswerable one declines, and a decline states nothing:
+    its conciseness is 0, and its closed-book answer is right). A group with only unanswerable
+    questions is read by whether they were declined (completeness), and by no conciseness."""
+    means = []
+    counted = np.bincount(groups[answerable], minlength=n)
+    for name in ("completeness", "conciseness"):
+        values = questions[name].to_numpy()[answerable]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means.append(np.bincount(groups[answerable], values, n) / counted)
+    none = counted == 0
+    completeness = np.where(none, columns["completeness_mean"], means[0])
+    return completeness, np.where(none, np.nan, means[1])
 
 
 def _retrieval(
