@@ -460,6 +460,32 @@ def test_a_batch_made_without_an_id_stops_the_stage_and_is_found_again_not_made_
     assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(3)}
 
 
+@pytest.mark.parametrize("lost", [1, 10], ids=["once", "every-time"])
+def test_a_batch_made_whose_reply_is_lost_is_found_not_made_again(
+    batch_env: FakeOpenAI, tmp_path: Path, lost: int
+) -> None:
+    # A gateway's 502 after the endpoint made the batch: retried blindly (the SDK's retries),
+    # each retry made another batch of the same requests, and every row was paid again.
+    replies = [0]
+
+    def bad_gateway(made: Any) -> HttpReply:
+        replies[0] += 1
+        return (
+            HttpReply(502, {"error": {"message": "Bad gateway"}})
+            if replies[0] <= lost
+            else (HttpReply(200, made))
+        )
+
+    batch_env.batch.alter = altering("POST", "/v1/batches", bad_gateway)
+    exam(tmp_path / "run", N)
+    result = judge()
+    assert result.exit_code == 0, result.output
+    assert batches_made(batch_env) == 1 and replies[0] == 1  # found by its input file
+    assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}
+    record = json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["judge"]
+    assert record["calls"] == N
+
+
 HTML = HttpReply(200, None, {"Content-Type": "text/html"}, b"<html>Bad gateway</html>")
 
 

@@ -1,12 +1,16 @@
 """The endpoint's Batch API, through the openai SDK's `files` and `batches`.
 
-Uploads, batch creation, polling and downloads are few and cheap next to the chat calls they
-replace, and the SDK's own retry (with Retry-After) serves them; the project's retry layer
-(client.py) is for chat calls. Result files are streamed to disk, never held whole.
+Uploads, polling and downloads are few and cheap next to the chat calls they replace, and the
+SDK's own retry (with Retry-After) serves them; the project's retry layer (client.py) is for
+chat calls. Making a batch is the one step that costs: the endpoint may have made it when the
+reply is lost (a 502, a timeout, a dropped connection), so it is never retried blindly: after a
+failure the batch is looked up by its input file, and only made again when none exists. Result
+files are streamed to disk, never held whole.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -23,6 +27,8 @@ from ragexam.io.atomic import write_error
 from ragexam.llm.failures import describe
 
 WINDOW = "24h"
+# A failure after which a batch may exist all the same: its reply was lost, not refused.
+UNSURE = (openai.APIConnectionError, openai.InternalServerError, openai.RateLimitError)
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 LIST_PAGE = 100
 
@@ -112,6 +118,7 @@ class BatchApi:
 
     def __init__(self, settings: Settings) -> None:
         self.redact = settings.redact
+        self.retries, self.backoff = settings.max_retries, settings.retry_backoff
         self.client = openai.AsyncOpenAI(
             api_key=settings.api_key().get_secret_value(),
             base_url=settings.openai_base_url,
@@ -136,15 +143,30 @@ class BatchApi:
         return ident
 
     async def create(self, file_id: str, url: str, metadata: dict[str, str]) -> BatchView:
-        """A batch of the uploaded file's requests."""
-        made = await self._call(
-            self.client.batches.create,
-            input_file_id=file_id,
-            endpoint=url,
-            completion_window=WINDOW,
-            metadata=metadata,
-        )
-        return view_of(made)
+        """A batch of the uploaded file's requests: made once, whatever its reply meets."""
+        once: Any = self.client.with_options(max_retries=0).batches.create
+        for attempt in range(self.retries + 1):
+            try:
+                made = await once(
+                    input_file_id=file_id,
+                    endpoint=url,
+                    completion_window=WINDOW,
+                    metadata=metadata,
+                )
+            except UNSURE as exc:  # made or not: the endpoint's list of batches says
+                found = await self.find(file_id)
+                if found is not None:
+                    return found
+                if attempt == self.retries:
+                    raise self._failed(exc) from None
+                await asyncio.sleep(self.backoff * 2**attempt)
+            except openai.APIError as exc:
+                raise self._failed(exc) from None
+            except json.JSONDecodeError:
+                raise EndpointError(f"{API} answered with a body that is not JSON") from None
+            else:
+                return view_of(made)
+        raise AssertionError("unreachable")  # the last attempt returns or raises
 
     async def retrieve(self, batch_id: str) -> BatchView:
         """The batch as the endpoint sees it now."""
