@@ -17,7 +17,7 @@ import openai
 import pytest
 from batch_api import HttpReply
 from judges import truthful
-from openai_server import FakeOpenAI
+from openai_server import FakeOpenAI, Faults, Reply
 from rich.console import Console
 from support import (
     build_store,
@@ -127,6 +127,51 @@ def test_a_full_queue_is_submitted_again_at_no_cost_to_the_rows(
     assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}
     events = ledger_events(tmp_path / "run" / "batches" / "judge.jsonl")
     assert [e["event"] for e in events].count("resubmit") == 2
+
+
+def test_invalid_first_replies_merged_first_do_not_make_the_valid_results_unusable(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # The merge meets the last three answers first (answers.csv is in reverse order). Their
+    # first replies are malformed: on the sync road, three invalid replies in a row switch
+    # the structured-output method. Here, the other rows' valid results were made under
+    # that method: switched, they no longer answered their rows' requests, and were bought
+    # again (a whole second batch).
+    spoilt = {f"Question #{i}?" for i in (N - 1, N - 2, N - 3)}
+    seen: set[str] = set()
+
+    def first_reply_of_the_last_three(text: str) -> bool:
+        asked = next((question for question in spoilt if question in text), None)
+        if asked is None or asked in seen:
+            return False
+        seen.add(asked)
+        return True
+
+    batch_env.faults = Faults(malformed_if=first_reply_of_the_last_three)
+    exam(tmp_path / "run", N)
+    result = judge()
+    assert result.exit_code == 0, result.output
+    asked_again = {f"q{i}": 2 for i in (N - 1, N - 2, N - 3)}
+    assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)} | asked_again
+    assert all(row["status"] == "ok" for row in judged(tmp_path).values())
+    assert "no longer make" not in result.output
+
+
+def test_a_method_every_reply_fails_is_left_and_the_warning_says_so(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # Every json_schema reply is malformed, and tool calls are answered: the batch road leaves
+    # the method once HELD_TRIES replies failed and none passed, and says why results went
+    # unused (it blamed an input or OPENAI_BASE_URL).
+    batch_env.responder = lambda body: Reply(content="{no") if "response_format" in body else None
+    exam(tmp_path / "run", N)
+    result = judge()
+    assert result.exit_code == 0, result.output
+    assert all(row["status"] == "ok" for row in judged(tmp_path).values())
+    said = " ".join(result.output.split())
+    assert "the structured-output method went from json_schema to function_calling" in said
+    record = json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["judge"]
+    assert record["structured_output"] == "function_calling"
 
 
 def test_the_batches_time_counts_the_queue_that_refused_them(

@@ -190,6 +190,9 @@ ORDER = (
     StructuredMethod.prompt,
 )
 OUTCOME_TRIES = 3  # replies of a method, none valid, before the next method is tried
+# ... on the batch road, where the first replies read are those the merge meets first, not a
+# sample: a switch there makes every paid, valid result of the method unusable
+HELD_TRIES = 20
 # The request fields each method adds: a refusal whose message names one blames the method.
 METHOD_FIELDS = {
     StructuredMethod.json_schema: ("response_format", "json_schema"),
@@ -226,6 +229,10 @@ class MethodChoice:
     one when the endpoint refuses it (of any status: llama.cpp answers 500), or when its
     first OUTCOME_TRIES replies all fail validation (a small model that echoes the schema
     back in JSON mode may fill a tool call's arguments correctly).
+
+    On the batch road (`batched`), the replies come back all at once, for requests all made
+    under the method, and the first read are those the merge meets first: it is left for
+    invalid replies only after HELD_TRIES of them, none valid (fewer are asked again).
     """
 
     def __init__(self, method: StructuredMethod) -> None:
@@ -234,7 +241,13 @@ class MethodChoice:
         self.settled = self._next(method) is None
         self.valid: dict[StructuredMethod, int] = {}
         self.invalid: dict[StructuredMethod, int] = {}
+        self.batched = False
         self._lock = asyncio.Lock()
+
+    def _failing(self, method: StructuredMethod, counts: dict[StructuredMethod, int]) -> bool:
+        """Whether the method has had enough of these failures, and no valid reply."""
+        tries = HELD_TRIES if self.batched else OUTCOME_TRIES
+        return not self.valid.get(method) and counts.get(method, 0) >= tries
 
     def _next(self, method: StructuredMethod) -> StructuredMethod | None:
         at = ORDER.index(method)
@@ -280,7 +293,7 @@ class MethodChoice:
         """Book a reply under `method`; True when its replies failing switched the method."""
         counts = self.valid if valid else self.invalid
         counts[method] = counts.get(method, 0) + 1
-        failing = not self.valid.get(method) and self.invalid.get(method, 0) >= OUTCOME_TRIES
+        failing = self._failing(method, self.invalid)
         return not valid and failing and self.method == method and self._switch(method)
 
     def _failed(self, method: StructuredMethod, exc: Exception) -> None:

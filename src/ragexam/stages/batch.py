@@ -115,6 +115,9 @@ class BatchRoad:
         self.ended: dict[str, Any] = {}  # the job the last run ended, for a run with no work
         job = self.ledger.job  # what the requests out were made with, to say what changed
         self.asked_with = (job.get("model"), job.get("prompt_hash"))
+        llm = plan.llm  # type: ignore[attr-defined]  # drive checked it has one
+        llm.choice.batched = True  # its replies are read all at once: a switch waits for more
+        self.method = llm.method  # the structured-output method the run began with
         self._job_so_far()
 
     def _job_so_far(self) -> None:
@@ -244,6 +247,12 @@ class BatchRoad:
         stage = self.runner.stage
         if model is not None and model != stage.model:
             return f"they were asked of the model {model}; this run asks {stage.model}"
+        method = self.plan.llm.method  # type: ignore[attr-defined]
+        if method != self.method:
+            return (
+                f"the structured-output method went from {self.method.value} to "
+                f"{method.value}: replies under {self.method.value} failed validation"
+            )
         if prompt is not None and prompt != stage.prompt_hash:
             return f"they were asked with prompt {prompt}; this run's is {stage.prompt_hash}"
         return (
