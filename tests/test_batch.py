@@ -631,6 +631,30 @@ def test_an_endpoint_without_a_batch_api_is_told_to_use_batch_dir(
     said = " ".join(result.output.split())
     assert "the endpoint has no Batch API" in said and "/v1/files" in said
     assert "--batch-dir" in said and batches_made(batch_env) == 0
+    # the advice works: nothing was sent, so nothing is "out in a batch" to refuse it for
+    files = run_cli("judge", "--out", "run", "--controls", "0", "--batch-dir", "files")
+    assert files.exit_code == 75, files.output
+    written = [line for path in (tmp_path / "files" / "requests").glob("*.jsonl")
+               for line in path.read_bytes().splitlines()]  # fmt: skip
+    assert len(written) == 3
+
+
+def test_a_queue_that_stays_full_leaves_its_rows_to_the_sync_road(
+    batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every batch was refused: nothing is out, nothing was paid. The sync road was refused
+    # all the same, as if its requests were out in a batch to collect.
+    monkeypatch.setattr(batchwait, "RESUBMITS", 3)
+    batch_env.batch.fail_validation = "token_limit_exceeded"
+    exam(tmp_path / "run", N)
+    assert judge().exit_code == 4
+    sync = run_cli("judge", "--out", "run", "--controls", "0")
+    assert sync.exit_code == 0, sync.output
+    assert all(row["status"] == "ok" for row in judged(tmp_path).values())
+    assert batch_env.count() == N and not batch_env.batch_requests
+    again = judge()  # and --batch has nothing left to send: the refused shard was dropped
+    assert again.exit_code == 0 and "nothing to do" in again.output
+    assert batches_made(batch_env) == 3 and not batch_env.batch_requests
 
 
 def test_a_queue_that_stays_full_stops_the_stage_with_its_rows_still_to_do(

@@ -15,6 +15,7 @@ named otherwise on the next run; others (a --batch-dir) are recorded resolved.
     resubmit   its batch was refused for now (the queue was full): submit the file again
     ended      its batch ended (status), its results are on disk (files)
     resolved   every line has a result: its rows are no longer in flight
+    dropped    never sent (not uploaded, or its batch refused): another road took its rows
     merged     one pass done: the result files whose lines are spent (rows were written from
                them), the file of results carried to a later pass, the --batch-dir files
                merged as they were (size, mtime), and the batch job's totals, all in one
@@ -53,6 +54,14 @@ class ShardState:
     ended_at: float | None = None
     results: list[Path] = field(default_factory=list)
     resolved: bool = False
+    refused: bool = False  # its last batch was refused (a full queue), none made since
+
+    @property
+    def sent(self) -> bool:
+        """Its requests may be at the endpoint or an engine: a shard written to a folder, or
+        uploaded and not refused (a batch may have been made before its id was recorded).
+        One never uploaded, or refused, is out nowhere: another road may take its rows."""
+        return self.mode == "dir" or (self.file_id is not None and not self.refused)
 
     @property
     def waiting(self) -> bool:
@@ -156,6 +165,15 @@ class Ledger:
         """The shards whose rows are in flight."""
         return [shard for shard in self.shards.values() if shard.waiting]
 
+    def out_elsewhere(self, mode: str | None) -> list[ShardState]:
+        """The waiting shards of another road than `mode` (None: the sync road) whose requests
+        were sent; those never sent are dropped, their rows left to the road that runs now."""
+        other = [shard for shard in self.waiting() if shard.mode != mode]
+        for shard in other:
+            if not shard.sent:
+                self.record("dropped", name=shard.name)
+        return [shard for shard in other if shard.sent]
+
     def held(self) -> list[Path]:
         """Result files on disk, paid for and not merged yet: a batch's, downloaded by a run
         stopped before it merged them, and the results carried to a later pass."""
@@ -174,13 +192,13 @@ def _uploaded(ledger: Ledger, shard: ShardState, event: dict[str, Any]) -> None:
 
 def _submitted(ledger: Ledger, shard: ShardState, event: dict[str, Any]) -> None:
     at = float(event.get("at") or time.time())
-    shard.batch_id = event["batch_id"]
+    shard.batch_id, shard.refused = event["batch_id"], False
     # made again after the queue refused it: its batch's time runs from the first, refusals in
     shard.submitted_at = at if shard.submitted_at is None else min(shard.submitted_at, at)
 
 
 def _resubmit(ledger: Ledger, shard: ShardState, event: dict[str, Any]) -> None:
-    shard.batch_id = None
+    shard.batch_id, shard.refused = None, True
 
 
 def _ended(ledger: Ledger, shard: ShardState, event: dict[str, Any]) -> None:
@@ -199,4 +217,5 @@ SHARD_EVENTS = {
     "resubmit": _resubmit,
     "ended": _ended,
     "resolved": _resolved,
+    "dropped": _resolved,  # never sent: another road took its rows
 }

@@ -193,7 +193,7 @@ class BatchRoad:
 
     def _check_elsewhere(self) -> None:
         """Refuse to run while requests of the stage are out by the other way."""
-        other = [shard for shard in self.ledger.waiting() if shard.mode != self.kind]
+        other = self.ledger.out_elsewhere(self.kind)
         if other:
             raise batches_out(self.ledger, other)
         unmerged = [path for path in self.ledger.held() if path != self.ledger.carry]

@@ -65,7 +65,9 @@ class Waiter:
     def __init__(self, road: BatchRoad, api: BatchApi) -> None:
         self.road, self.api = road, api
         self.poll = road.mode.settings.batch_poll
-        self.unsure = {s.name for s in road.ledger.waiting() if s.file_id and not s.batch_id}
+        self.unsure = {  # a batch may have been made before its id was recorded
+            s.name for s in road.ledger.waiting() if s.file_id and not s.batch_id and not s.refused
+        }
         self.refusals: dict[str, int] = {}
         self.pause_until = 0.0  # after a full queue, no submission before this
         self.unknown: set[str] = set()  # states met that OpenAI's Batch API does not have

@@ -408,7 +408,7 @@ def _refuse_while_batches_out(stage: Stage) -> None:
     again for rows whose results are paid for already, and on their way."""
     folder = RunFolder(stage.path.parent)
     ledger = Ledger(folder.batch_ledger(stage.name), folder.batch_tag(stage.name))
-    out = ledger.waiting()
+    out = ledger.out_elsewhere(None)
     if out:
         raise batches_out(ledger, out)
     if ledger.held():
