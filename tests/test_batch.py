@@ -174,6 +174,29 @@ def test_a_method_every_reply_fails_is_left_and_the_warning_says_so(
     assert record["structured_output"] == "function_calling"
 
 
+def test_the_batches_time_ends_when_the_endpoint_says_they_ended(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # Made two hours ago and done in twenty minutes, collected now (a rerun the next morning):
+    # the batches took twenty minutes, not two hours.
+    def long_ago(method: str, path: str, reply: HttpReply) -> HttpReply:
+        payload = reply.payload
+        if not isinstance(payload, dict) or payload.get("object") != "batch":
+            return reply
+        shifted = {"created_at": payload["created_at"] - 7200}
+        if payload.get("completed_at"):
+            shifted["completed_at"] = payload["completed_at"] - 6000
+        return replace(reply, payload={**payload, **shifted})
+
+    batch_env.batch.alter = long_ago
+    exam(tmp_path / "run", N)
+    result = judge()
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["judge"]
+    assert 1200 <= record["batch"]["seconds"] < 1260
+    assert "the batches took 20m" in " ".join(result.output.split())
+
+
 def test_the_batches_time_counts_the_queue_that_refused_them(
     batch_env: FakeOpenAI, tmp_path: Path
 ) -> None:

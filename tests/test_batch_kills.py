@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from batch_api import HttpReply
 from openai_server import FakeOpenAI, Reply
 from support import custom_key, exam, grade, read_csv, run_batch_files, run_cli
 
@@ -361,3 +362,40 @@ def test_batch_dir_killed_between_two_shards_the_record_counts_the_requests_it_w
     assert (batch["runs"], batch["requests"], batch["shards"]) == (3, N, 3), batch
     assert batch["results_merged"] == N
     assert_billed_as_the_rows(tmp_path, N)
+
+
+def test_batches_made_at_another_endpoint_are_named_not_looked_for_here(
+    batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exam(tmp_path / "run", N)
+    assert killed_at("event:submitted", 1, *JUDGE) == KILLED  # its batch made at batch_env
+    with FakeOpenAI() as elsewhere:
+        other = elsewhere.base_url
+        monkeypatch.setenv("OPENAI_BASE_URL", other)
+        result = run_cli(*JUDGE)
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert f"was made at {batch_env.base_url}" in said and other in said
+    assert "set OPENAI_BASE_URL back to collect its results" in said
+    monkeypatch.setenv("OPENAI_BASE_URL", batch_env.base_url)
+    assert run_cli(*JUDGE).exit_code == 0
+    assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}
+
+
+def test_an_endpoint_that_stops_answering_looks_says_the_batches_go_on(
+    batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "0")  # each look once: ten of them fail fast
+    down = HttpReply(503, {"error": {"message": "Service unavailable"}})
+    batch_env.batch.alter = lambda method, path, reply: (
+        down if method == "GET" and path.startswith("/v1/batches/") else reply
+    )
+    exam(tmp_path / "run", N)
+    result = run_cli(*JUDGE)
+    assert result.exit_code == 4, result.output
+    said = " ".join(result.output.split())
+    assert "HTTP 503" in said and "(10 looks in a row)" in said
+    assert "the batches go on at the endpoint, paid for; the same command collects them" in said
+    batch_env.batch.alter = None
+    assert run_cli(*JUDGE).exit_code == 0
+    assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}

@@ -57,6 +57,6 @@ def batch_summary(batch: dict[str, Any]) -> str:
     if batch["mode"] == "dir":
         waiting = f"; {batch['waiting']:,} wait for results" if batch["waiting"] else ""
         return f"batch files: {sent} to {batch['folder']}/requests, {merged}{waiting}"
-    took = f", the batches took {span(batch['seconds'])}" if batch["seconds"] else ""
+    took = f", the batches took {span(batch['seconds'])}" if batch["seconds"] is not None else ""
     # not its rounds: the pass that merges the last batch is one, and no batch waits on it
     return f"batches: {batch['batches']} made, {sent}, {merged}{took}"

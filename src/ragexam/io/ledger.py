@@ -55,6 +55,7 @@ class ShardState:
     results: list[Path] = field(default_factory=list)
     resolved: bool = False
     refused: bool = False  # its last batch was refused (a full queue), none made since
+    where: str | None = None  # the endpoint its batch was made at
 
     @property
     def sent(self) -> bool:
@@ -193,6 +194,7 @@ def _uploaded(ledger: Ledger, shard: ShardState, event: dict[str, Any]) -> None:
 def _submitted(ledger: Ledger, shard: ShardState, event: dict[str, Any]) -> None:
     at = float(event.get("at") or time.time())
     shard.batch_id, shard.refused = event["batch_id"], False
+    shard.where = event.get("where") or shard.where
     # made again after the queue refused it: its batch's time runs from the first, refusals in
     shard.submitted_at = at if shard.submitted_at is None else min(shard.submitted_at, at)
 

@@ -25,6 +25,7 @@ from ragexam.config import Settings
 from ragexam.errors import AuthError, EndpointError
 from ragexam.io.atomic import write_error
 from ragexam.llm.failures import describe
+from ragexam.urls import mask_url
 
 WINDOW = "24h"
 # A failure after which a batch may exist all the same: its reply was lost, not refused.
@@ -47,6 +48,7 @@ class BatchView:
     output_file_id: str | None
     error_file_id: str | None
     errors: tuple[tuple[str, str, int | None], ...]  # (code, message, line) of a failed batch
+    ended_at: float | None = None  # when it ended, as the endpoint says
 
     @property
     def ended(self) -> bool:
@@ -79,7 +81,18 @@ def view_of(batch: Any) -> BatchView:
         files[0] or None,
         files[1] or None,
         _errors(getattr(batch, "errors", None)),
+        _ended_at(batch),
     )
+
+
+ENDED_AT = ("completed_at", "failed_at", "expired_at", "cancelled_at")
+
+
+def _ended_at(batch: Any) -> float | None:
+    """When the batch ended, by the endpoint's clock (a rerun may collect it hours later)."""
+    times = [_time(getattr(batch, name, None)) for name in ENDED_AT]
+    known = [at for at in times if at]
+    return max(known) if known else None
 
 
 API = "the endpoint's Batch API"
@@ -125,6 +138,7 @@ class BatchApi:
             timeout=settings.timeout,
             max_retries=settings.max_retries,
         )
+        self.where = mask_url(str(self.client.base_url))  # the endpoint, as the ledger keeps it
 
     async def aclose(self) -> None:
         """Close the client's connections."""

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ragexam.errors import EndpointError
+from ragexam.errors import ConfigError, EndpointError
 from ragexam.io.batchfiles import read_ids, refused_line, scan_results, unrun_line
 from ragexam.io.ledger import ShardState
 from ragexam.llm.batchapi import TERMINAL, BatchApi, BatchView
@@ -94,7 +94,8 @@ class Waiter:
             self.road.batches += 1
         # with the job's totals (the batch made counts), should the run be killed now
         job = self.road.totals(made=found.created_at)
-        ledger.record("submitted", name=shard.name, batch_id=found.id, at=found.created_at, job=job)
+        made = {"batch_id": found.id, "at": found.created_at, "where": self.api.where}
+        ledger.record("submitted", name=shard.name, job=job, **made)
         self.road.submitted.append(shard.name)
 
     async def wait(self) -> None:
@@ -107,10 +108,14 @@ class Waiter:
                 return
             try:
                 views = [await self.api.retrieve(str(s.batch_id)) for s in shards]
-            except EndpointError:
+            except EndpointError as exc:
+                self._check_where(shards)
                 failures += 1
                 if failures >= POLL_FAILURES:
-                    raise
+                    raise EndpointError(
+                        f"{exc} ({failures} looks in a row): the batches go on at the "
+                        "endpoint, paid for; the same command collects them once it answers"
+                    ) from None
                 views = []
             else:
                 failures = 0
@@ -123,6 +128,18 @@ class Waiter:
                 return
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.poll)
+
+    def _check_where(self, shards: list[ShardState]) -> None:
+        """Stop at once when the batches were made at another endpoint than this run's: no
+        look here can find them."""
+        elsewhere = [s for s in shards if s.where and s.where != self.api.where]
+        if elsewhere:
+            shard = elsewhere[0]
+            raise ConfigError(
+                f"batch {shard.batch_id} of {self.road.tag} was made at {shard.where}, and this "
+                f"run's endpoint is {self.api.where}: set OPENAI_BASE_URL back to collect its "
+                "results (they are paid for)"
+            )
 
     def _say_unknown(self, views: list[BatchView]) -> None:
         """Say once of each state the Batch API does not have that ragexam waits it out (a log
@@ -152,7 +169,9 @@ class Waiter:
         rest = _unanswered(shard, files)
         if rest:
             files.append(_write_unanswered(folder / f"{view.id}.unrun.jsonl", rest, view))
-        self.road.ledger.record("ended", name=shard.name, status=view.status, files=files, at=now())
+        # when it ended, not when this run saw it: a rerun may collect it a day later
+        at = view.ended_at if view.ended_at and view.ended_at >= view.created_at else now()
+        self.road.ledger.record("ended", name=shard.name, status=view.status, files=files, at=at)
 
     def _refused_again(self, shard: ShardState, view: BatchView) -> None:
         """Pause before a shard refused for a full queue goes out again (longer each time), or
