@@ -43,8 +43,13 @@ UNRUN = {  # why a line never ran, for the error file
 }
 FAILURES = {  # messages of whole-batch failures that fail_validation can inject
     "token_limit_exceeded": "Enqueued token limit reached for fake-model in organization "
-    "org-test. Please try again once some in_progress batches have been completed.",
+    "org-test. Limit: 90,000,000 enqueued tokens. Please try again once some in_progress "
+    "batches have been completed.",
 }
+QUEUE_FULL = (  # OpenAI's words when a batch is more than the organisation's queue holds
+    "Enqueued token limit reached for {model} in organization org-test. Limit: {limit:,} "
+    "enqueued tokens. Please try again once some in_progress batches have been completed."
+)
 
 
 @dataclass
@@ -66,6 +71,9 @@ class BatchFaults:
     alter: Callable[[str, str, HttpReply], HttpReply] | None = None
     max_lines: int = 50_000
     max_bytes: int = 200 * 1024 * 1024
+    # The organisation's enqueued-token limit: a batch whose requests' bytes / 4 exceed it
+    # fails validation with token_limit_exceeded, naming the limit as OpenAI does.
+    queue_tokens: int | None = None
 
 
 @dataclass

@@ -24,6 +24,7 @@ from batch_api import (
     FAILURES,
     JSON,
     PURPOSES,
+    QUEUE_FULL,
     RAW_BODY,
     UNRUN,
     BatchLine,
@@ -356,6 +357,10 @@ class BatchServer:
         if knobs.fail_validation is not None and self._fails_validation():
             code = knobs.fail_validation
             errors = [batch_error(code, FAILURES.get(code, f"Injected failure ({code})."))]
+        elif knobs.queue_tokens is not None and len(batch.input) / 4 > knobs.queue_tokens:
+            model = lines[0]["body"].get("model") if lines else "fake-model"
+            said = QUEUE_FULL.format(model=model, limit=knobs.queue_tokens)
+            errors = [batch_error("token_limit_exceeded", said)]
         with self._changed:
             if errors:
                 batch.errors = errors

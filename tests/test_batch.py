@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import shutil
 import threading
 import time
 from collections import Counter
@@ -660,6 +662,44 @@ def test_an_endpoint_without_a_batch_api_is_told_to_use_batch_dir(
     written = [line for path in (tmp_path / "files" / "requests").glob("*.jsonl")
                for line in path.read_bytes().splitlines()]  # fmt: skip
     assert len(written) == 3
+
+
+def without_the_limit(method: str, path: str, reply: HttpReply) -> HttpReply:
+    """A Batch API whose refusals name no limit: 'Limit: N enqueued tokens.' taken out."""
+    errors = (reply.payload or {}).get("errors") if isinstance(reply.payload, dict) else None
+    if not errors:
+        return reply
+    data = [{**e, "message": re.sub(r"Limit: [\d,]+ enqueued tokens\. ", "", e["message"])}
+            for e in errors["data"]]  # fmt: skip
+    return replace(reply, payload={**reply.payload, "errors": {**errors, "data": data}})
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["limit-named", "no-limit-named"])
+def test_a_shard_more_than_the_queue_holds_goes_out_in_batches_that_fit(
+    batch_env: FakeOpenAI, tmp_path: Path, named: bool
+) -> None:
+    # A low tier's enqueued-token limit (2M tokens for gpt-4o-mini at tier 1) is below one
+    # shard of judge requests: resubmitted whole, it was refused until the run gave up. Cut
+    # to fit the limit the refusal names; else halved while the queue refuses it alone.
+    batch_env.batch.alter = None if named else without_the_limit
+    exam(tmp_path / "run", N)
+    assert run_cli("judge", "--out", "run", "--controls", "0", "--batch-dir", "d").exit_code == 75
+    (written,) = (tmp_path / "d" / "requests").glob("*.jsonl")
+    per_line = written.stat().st_size / N / 4  # tokens a request counts for, at the server
+    batch_env.batch.queue_tokens = int(per_line * 5)  # five requests fit, not twelve
+    shutil.rmtree(tmp_path / "d")
+    (tmp_path / "run" / "batches" / "judge.jsonl").unlink()
+    result = judge()
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert f"refused a batch of {N} requests (token_limit_exceeded), more than" in said
+    assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}
+    assert all(row["status"] == "ok" for row in judged(tmp_path).values())
+    sizes = [e["lines"] for e in ledger_events(tmp_path / "run" / "batches" / "judge.jsonl")
+             if e["event"] == "shard"]  # fmt: skip
+    assert sizes[0] == N and sizes == sorted(sizes, reverse=True)  # cut, never grown again
+    ran = Counter(line.batch_id for line in batch_env.batch_requests)
+    assert all(lines <= 5 for lines in ran.values()) and sum(ran.values()) == N
 
 
 def test_a_queue_that_stays_full_leaves_its_rows_to_the_sync_road(

@@ -29,7 +29,7 @@ from ragexam.io.ledger import Ledger, ShardState
 from ragexam.io.runfolder import RunFolder
 from ragexam.llm.transport import routable
 from ragexam.options import Given
-from ragexam.stages.batchwait import api_rounds
+from ragexam.stages.batchwait import QUEUE_FULL, api_rounds
 from ragexam.stages.replay import Pass, ResultIndex, outstanding, results_of, token
 from ragexam.stages.runner import (
     Plan,
@@ -109,6 +109,9 @@ class BatchRoad:
         self.shards: list[str] = []  # written this run
         self.submitted: list[str] = []  # shards whose batch this run made (or found)
         self.waiting = 0
+        self.shard_lines: int | None = None  # requests a shard holds at most, once a full
+        # queue refused one: halved each time (None: as many as the Batch API takes)
+        self.unsent = False  # rows whose shard was dropped: a pass must send them again
         self.runs = 1  # this run counts among the job's (not when it only shows an ended one)
         self.recorded = False  # the ledger's job counts this run: it recorded the job's totals
         self.before: dict[str, Any] = {}
@@ -217,6 +220,7 @@ class BatchRoad:
         folders = (requests, self.files)
         passed = Pass(self.runner, self.plan, self.ledger, index, self.out, folders, self.kind)
         passed.commit = partial(self._commit, seen or [])
+        passed.max_lines = self.shard_lines
         passed.with_shard = self._with_shard
         try:
             await passed.run(done)
@@ -276,6 +280,21 @@ class BatchRoad:
         self.written += passed.written
         self.direct = [self.direct[0] + passed.rendered, self.direct[1] + passed.read]
         self.shards += [shard.name for shard in passed.shards]
+
+    def split(self, shard: ShardState, lines: int) -> None:
+        """Drop a shard the Batch API's queue can never hold: its rows go out again, by the
+        next pass, in shards of at most `lines` requests."""
+        self.ledger.record("dropped", name=shard.name)
+        for key, request in _requests(shard):
+            if self.out.get(key) == request:
+                del self.out[key]
+        self.shard_lines = min(self.shard_lines or lines, lines)
+        self.unsent = True
+        logger.warning(
+            f"{self.tag}: the Batch API's queue refused a batch of {shard.lines:,} requests "
+            f"({QUEUE_FULL}), more than the organisation's queue holds: its requests go out "
+            f"again in batches of at most {self.shard_lines:,}"
+        )
 
     def tidy(self) -> None:
         """Delete ragexam's own files that nothing needs any more: spent results, and the

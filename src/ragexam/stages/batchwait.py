@@ -9,13 +9,16 @@ without a result line gets one that says why (expired, cancelled, refused): the 
 retries those within the retry budget, or writes the row as an error with that reason. A batch
 refused because the queue is full (token_limit_exceeded) is submitted again later, after a
 pause that doubles up to MAX_PAUSES polls, at no cost to its rows; refused RESUBMITS times in
-one run, the run stops (exit 4), its requests kept for the rerun.
+one run (while no other batch of ours is in flight), the run stops (exit 4), its requests kept
+for the rerun. A shard more than the queue ever holds (a low tier's enqueued-token limit is
+below one shard of judge requests) is dropped, and its rows go out again in smaller shards.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -48,9 +51,9 @@ async def api_rounds(road: BatchRoad) -> None:
         while True:
             fresh = [path for shard in road.ledger.shards.values() for path in shard.results]
             fresh = [path for path in fresh if path not in road.ledger.merged]
-            if first or fresh:  # no new result, no row can move on: no pass
+            if first or fresh or road.unsent:  # no new result, no row can move on: no pass
                 await road.round(road.files / "requests", fresh)
-                first = False
+                first = road.unsent = False
             await waiter.submit()
             if not road.ledger.waiting():
                 return
@@ -124,7 +127,7 @@ class Waiter:
             self.road.note(_waiting(views, shards), views)
             if ended:
                 for shard, view in ended:
-                    await self.collect(shard, view)
+                    await self.collect(shard, view, running=len(views) > len(ended))
                 return
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.poll)
@@ -153,12 +156,16 @@ class Waiter:
                     "leaves the batch running; the same command reattaches to it)"
                 )
 
-    async def collect(self, shard: ShardState, view: BatchView) -> None:
+    async def collect(self, shard: ShardState, view: BatchView, running: bool = False) -> None:
         """The results an ended batch left, one line for every request it was sent."""
         full = view.status == "failed" and any(code == QUEUE_FULL for code, _, _ in view.errors)
         if full:
-            self.road.ledger.record("resubmit", name=shard.name, reason=QUEUE_FULL)
-            self._refused_again(shard, view)
+            ledger = self.road.ledger
+            ledger.record("resubmit", name=shard.name, reason=QUEUE_FULL)
+            lines = fitting(shard, view, alone=not running)  # running: other batches of ours
+            if lines is not None:  # more than the queue ever holds: in smaller batches
+                self.road.split(shard, lines)
+            self._refused_again(shard, view, counted=not running)
             return
         self.road.note(f"downloading the results of {view.id}")
         folder, files = self.road.files, []
@@ -173,18 +180,54 @@ class Waiter:
         at = view.ended_at if view.ended_at and view.ended_at >= view.created_at else now()
         self.road.ledger.record("ended", name=shard.name, status=view.status, files=files, at=at)
 
-    def _refused_again(self, shard: ShardState, view: BatchView) -> None:
+    def _refused_again(self, shard: ShardState, view: BatchView, counted: bool) -> None:
         """Pause before a shard refused for a full queue goes out again (longer each time), or
-        stop the run when the queue stayed full: the rows are not at fault, and stay to do."""
-        refusals = self.refusals[shard.name] = self.refusals.get(shard.name, 0) + 1
+        stop the run when the queue stayed full: the rows are not at fault, and stay to do.
+        A refusal while batches of ours are in flight is not `counted`: ours fill the queue,
+        and free it as they end."""
+        refusals = self.refusals[shard.name] = self.refusals.get(shard.name, 0) + counted
         if refusals >= RESUBMITS:
             raise EndpointError(
                 f"the endpoint's Batch API refused batch {view.id} of {shard.name}: the "
                 f"organisation's queue of batches is full ({QUEUE_FULL}), {refusals} times in "
                 f"a row; rerun later: its {shard.lines} requests are kept, and sent then"
             )
-        pause = self.poll * min(2 ** (refusals - 1), MAX_PAUSES)  # 10 minutes at most, by default
+        pause = self.poll * min(2 ** max(refusals - 1, 0), MAX_PAUSES)  # 10 minutes at most
         self.pause_until = time.monotonic() + pause
+
+
+def fitting(shard: ShardState, view: BatchView, alone: bool) -> int | None:
+    """How many of a refused shard's requests a batch may hold for the queue ever to take it;
+    None when the shard fits, and the queue is only full for now.
+
+    OpenAI's refusal names the limit ("Limit: 2,000,000 enqueued tokens", a low tier's, below
+    one shard of judge requests), Azure's too ("the configured limit of 30K"): a shard over it
+    is cut to fit, its tokens estimated from its bytes. Without a limit to read, a shard the
+    queue refused while it held no other batch of ours is halved."""
+    said = " ".join(message for code, message, _ in view.errors if code == QUEUE_FULL)
+    found = _LIMIT.search(said)
+    if found is None:
+        return max(shard.lines // 2, 1) if alone and shard.lines > 1 else None
+    number, scale, unit = found.groups()
+    limit = float(number.replace(",", "")) * {"k": 1e3, "m": 1e6}.get(scale.lower(), 1)
+    if (unit or "").lower().startswith("request"):
+        need = float(shard.lines)
+    elif shard.path.exists():
+        need = shard.path.stat().st_size / BYTES_PER_TOKEN
+    else:  # its file tidied away: only the lines are known
+        return max(shard.lines // 2, 1) if alone and shard.lines > 1 else None
+    if need <= limit or shard.lines == 1:
+        return None
+    return max(int(shard.lines * limit / need * FILL), 1)
+
+
+# "Limit: 2,000,000 enqueued tokens" (OpenAI), "the configured limit of 30K" (Azure)
+_LIMIT = re.compile(
+    r"limit(?::| of)\s*([\d][\d,]*(?:\.\d+)?)\s*([km]?)\b\s*(?:enqueued\s+)?(tokens|requests)?",
+    re.IGNORECASE,
+)
+BYTES_PER_TOKEN = 3.0  # a request line's bytes per prompt token, rounded down: JSON's overhead
+FILL = 0.8  # of the limit a batch of a cut shard fills: the estimate is rough
 
 
 def _unanswered(shard: ShardState, files: list[Path]) -> list[str]:

@@ -222,6 +222,7 @@ class Pass:
         self.commit: Callable[[Pass], dict[str, Any]] = lambda _: {}
         # and what each `shard` event records beside the shard (the job's totals, it in)
         self.with_shard: Callable[[Pass, Shard], dict[str, Any]] = lambda *_: {}
+        self.max_lines: int | None = None  # requests a shard holds at most, if fewer than it may
         self.counted = False  # the road counted the pass's figures in its own
 
     @property
@@ -361,6 +362,7 @@ class Pass:
 
             names = iter(self.ledger.next_name, None)
             writer = ShardWriter(self.requests, self.files / "ids", names, record)
+            writer.max_lines = min(writer.max_lines, self.max_lines or writer.max_lines)
             self._writers[url] = writer
         return writer
 
