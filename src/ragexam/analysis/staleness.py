@@ -15,8 +15,9 @@ import numpy.typing as npt
 import pandas as pd
 
 from ragexam.analysis.keypoints import marked_hash
+from ragexam.io.cells import id_list
 from ragexam.io.csvfile import unescape_cell
-from ragexam.io.fingerprint import input_hash
+from ragexam.io.fingerprint import answer_hash, input_hash
 from ragexam.io.runfolder import RunFolder
 
 HOW = ("input_hash", "scale", "with_context")  # what a judgment says it was made from
@@ -95,12 +96,74 @@ def _recorded(judgments: Path, ids: pd.Series) -> dict[str, npt.NDArray[np.objec
     return {name: np.append(values, "")[rows] for name, values in columns.items()}
 
 
-def drop_stale(questions: pd.DataFrame, stale: npt.NDArray[np.bool_]) -> pd.DataFrame:
-    """The questions with stale grades counted as pending: no scores, not judged."""
-    if not stale.any():
+def stale_answers(folder: RunFolder, questions: pd.DataFrame) -> npt.NDArray[np.bool_]:
+    """For each question, whether its answer was made for another version of it (question,
+    ground truth or source chunks edited since): no answer to it, nor a rank, until `answer`
+    redoes it. Answers that recorded no input are taken as they are."""
+    none = np.zeros(len(questions), dtype=bool)
+    wanted = ["qa_id", "question", "ground_truth_answer", "chunk_id", "chunk_ids"]
+    try:
+        made = _columns(folder.answers_read(), ["qa_id", "input_hash", "status"])
+        asked = _columns(folder.exam(), wanted)
+    except (FileNotFoundError, ValueError, pd.errors.EmptyDataError):
+        return none
+    if "input_hash" not in made or "qa_id" not in asked:
+        return none
+    now = {
+        unescape_cell(qa_id): answer_hash(
+            unescape_cell(question), unescape_cell(truth), _sources(chunk, chunks)
+        )
+        for qa_id, question, truth, chunk, chunks in zip(
+            *(asked.get(name, pd.Series("", index=asked.index)) for name in wanted), strict=True
+        )
+    }
+    made = made[(made["status"] == "ok") & (made["input_hash"] != "")]
+    made = made.drop_duplicates("qa_id", keep="last")  # a repeated qa_id: the later row wins
+    moved = {
+        qa_id
+        for qa_id, recorded in zip(
+            made["qa_id"].map(unescape_cell), made["input_hash"], strict=True
+        )
+        if qa_id in now and recorded != now[qa_id]
+    }
+    if not moved:
+        return none
+    return questions["qa_id"].map(unescape_cell).isin(moved).to_numpy(dtype=bool)
+
+
+def _columns(path: Path, names: list[str]) -> pd.DataFrame:
+    """These of the CSV's columns that it has, as text."""
+    header = pd.read_csv(path, nrows=0, encoding="utf-8-sig").columns
+    present = [name for name in names if name in header]
+    return pd.read_csv(
+        path, usecols=present, dtype=str, keep_default_na=False, encoding="utf-8-sig"
+    )
+
+
+def _sources(chunk: str, chunks: str) -> tuple[str, ...]:
+    """A question's source chunks, as `answer` reads them: chunk_ids, else chunk_id."""
+    listed = id_list(unescape_cell(chunks)) if chunks else None
+    if listed is not None:
+        return listed
+    return (unescape_cell(chunk),) if chunk else ()
+
+
+def drop_stale(
+    questions: pd.DataFrame,
+    stale: npt.NDArray[np.bool_],
+    answers: npt.NDArray[np.bool_] | None = None,
+) -> pd.DataFrame:
+    """The questions with stale grades counted as pending: no scores, not judged; those with
+    stale `answers` not answered either (no rank: what was retrieved was for another question)."""
+    moved = answers if answers is not None else np.zeros(len(questions), dtype=bool)
+    if not (stale.any() or moved.any()):
         return questions
     questions = questions.copy()
-    questions.loc[stale, ["completeness", "conciseness"]] = np.nan
-    questions.loc[stale, "judged"] = False
-    questions.loc[stale, "pending"] = True
+    either = stale | moved
+    questions.loc[either, ["completeness", "conciseness"]] = np.nan
+    questions.loc[either, "judged"] = False
+    questions.loc[either & ~questions["error"].to_numpy(dtype=bool), "pending"] = True
+    if moved.any():
+        questions.loc[moved, "answered"] = False
+        questions.loc[moved, "rank"] = np.nan
     return questions

@@ -30,7 +30,7 @@ from ragexam.analysis.questions import (
 from ragexam.analysis.ranking import RankStates, question_states
 from ragexam.analysis.resampling import RESAMPLES, bootstrap_ci
 from ragexam.analysis.selection import select
-from ragexam.analysis.staleness import drop_stale, stale_grades
+from ragexam.analysis.staleness import drop_stale, stale_answers, stale_grades
 from ragexam.analysis.summary import (
     COUNTS,
     LOW_COMPLETENESS,
@@ -76,8 +76,9 @@ def _summarise_run(options: StatsOptions) -> StatsResult:
     questions = load_questions(out, texts=True)
     folder = RunFolder(out)
     points = exam_key_points(folder) if graded_by_key_points(folder) else {}
-    stale = stale_grades(folder, questions, points)
-    questions = drop_stale(questions, stale)
+    stale, moved = stale_grades(folder, questions, points), stale_answers(folder, questions)
+    questions = drop_stale(questions, stale, moved)
+    stale |= moved
     exam = folder.exam()  # answer records where its exam came from
     questions = select(questions, exam, options.split, options.exclude_flagged)
     k = resolve_k(out, options.k)

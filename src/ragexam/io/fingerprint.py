@@ -24,6 +24,12 @@ def input_hash(*values: str | None) -> str:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
 
+def answer_hash(question: str, truth: str, sources: tuple[str, ...]) -> str:
+    """What an answer is made from: its question, the question's ground truth and source
+    chunks (one source hashes as before several were possible: answers made then stay current)."""
+    return input_hash(question, truth, *(sources or ("",)))
+
+
 def text_hash(text: str) -> str:
     """A chunk's text as the exam keeps it (`chunk_hash`): a store rebuilt with new ids still
     holds the same text, and a retrieved chunk is matched by it."""

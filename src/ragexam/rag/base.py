@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ragexam.config import AnswerContext
-from ragexam.io.fingerprint import input_hash, text_hash
+from ragexam.io.fingerprint import answer_hash, text_hash
 from ragexam.store.chroma import StoreRef, get_chunks, release
 
 
@@ -91,8 +91,7 @@ class Question:
     @property
     def input_hash(self) -> str:
         """What an answer to it is made from: the question, its ground truth and its sources."""
-        # One source hashes as before several were possible: answers made then stay current.
-        return input_hash(self.text, self.ground_truth, *(self.sources or ("",)))
+        return answer_hash(self.text, self.ground_truth, self.sources)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ answer was given come from answers.csv's `retrieved_texts`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,12 +16,13 @@ from typing import NamedTuple
 from ragexam.analysis.keypoints import merged_key_points, written_key_points
 from ragexam.config import Scale
 from ragexam.errors import ConfigError
-from ragexam.io.cells import SINGLE
+from ragexam.io.cells import SINGLE, id_list
 from ragexam.io.csvfile import read_columns
-from ragexam.io.fingerprint import input_hash
+from ragexam.io.fingerprint import answer_hash, input_hash
 from ragexam.io.runfolder import RunFolder
 from ragexam.options import Given
 
+logger = logging.getLogger("ragexam")
 INPUTS = ("qa_dataset", "answers")  # the manifest's names for the files judge reads
 
 
@@ -92,18 +94,55 @@ def read_exams(
         ("qa_id", "question", "ground_truth_answer"),
         key="qa_id",
         filled=("question", "ground_truth_answer"),
-        optional=("document", "kind", "key_points"),
+        optional=("document", "kind", "key_points", "chunk_id", "chunk_ids"),
     )
     points = merged_key_points(qa, written_key_points(key_points) if key_points else {})
     wanted = ("qa_id", "answer", "status", *(("retrieved_texts",) if context else ()))
-    answers = read_columns(answers_path, wanted, key="qa_id", optional=())
+    answers = read_columns(answers_path, wanted, key="qa_id", optional=("input_hash",))
     ok = [i for i, status in enumerate(answers["status"]) if status == "ok"]
     ids, replies = [answers["qa_id"][i] for i in ok], [answers["answer"][i] for i in ok]
     exams = _joined(qa, points, ids, replies)
     if context:
         texts = answers["retrieved_texts"]
         exams = [exam._replace(context=texts[i]) for exam, i in zip(exams, ok, strict=True)]
+    if "input_hash" in answers:
+        made_from = [answers["input_hash"][i] for i in ok]
+        exams = _current(exams, made_from, asked_now(qa))
     return exams, len(answers["status"]) - len(ok)
+
+
+def asked_now(qa: Mapping[str, Sequence[str]]) -> dict[str, str]:
+    """What an answer to each question of the exam is made from now (answer's input hash)."""
+    size = len(qa["qa_id"])
+    chunk, chunks = qa.get("chunk_id", [""] * size), qa.get("chunk_ids")
+    hashes = {}
+    for n, qa_id in enumerate(qa["qa_id"]):
+        listed = id_list(chunks[n]) if chunks is not None and chunks[n] else None
+        sources = listed if listed is not None else ((chunk[n],) if chunk[n] else ())
+        hashes[qa_id] = answer_hash(qa["question"][n], qa["ground_truth_answer"][n], sources)
+    return hashes
+
+
+def _current(exams: list[Exam], made_from: list[str], now: Mapping[str, str]) -> list[Exam]:
+    """The exams whose answer was made for their question as the exam asks it now: an answer
+    to a question edited since (or its ground truth, or its sources) is no answer to grade,
+    until `answer` redoes it. Those left out are logged once."""
+    stale = [
+        exam.qa_id
+        for exam, made in zip(exams, made_from, strict=True)
+        if made and exam.qa_id in now and made != now[exam.qa_id]
+    ]
+    if not stale:
+        return exams
+    one = len(stale) == 1
+    logger.warning(
+        f"{len(stale)} answer{'' if one else 's'} ({', '.join(stale[:3])}"
+        f"{', …' if len(stale) > 3 else ''}) {'was' if one else 'were'} made for another version "
+        f"of {'its' if one else 'their'} question (the exam changed since): not graded; rerun "
+        "`answer` to answer it as it is now"
+    )
+    left = set(stale)
+    return [exam for exam in exams if exam.qa_id not in left]
 
 
 def _joined(
