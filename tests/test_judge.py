@@ -11,7 +11,18 @@ from typing import Any
 
 import pytest
 from openai_server import FakeOpenAI, Faults, Reply
-from support import exam, grade, kill_midway, number, read_csv, run_cli, user_text, write_dict_rows
+from support import (
+    exam,
+    grade,
+    kill_midway,
+    make_store,
+    number,
+    read_csv,
+    run_cli,
+    user_text,
+    write_dict_rows,
+    write_qa,
+)
 
 from ragexam.io.fingerprint import answer_hash
 from ragexam.llm.prompts import load_prompt, prompts_dir
@@ -303,3 +314,32 @@ def test_an_answer_to_a_question_edited_since_is_not_graded_and_counts_pending(
     assert run_cli("stats", "--out", "run").exit_code == 0
     (overall,) = read_csv(run / "summary.csv")
     assert (overall["pending"], overall["n_answered"], overall["n_judged"]) == ("1", "2", "2")
+
+
+def test_a_question_edited_after_answer_ran_is_answered_again_before_it_is_graded(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The answers of a real `answer` run, whose manifest records the exam as it read it.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "plain_rag.py").write_text("def answer(question):\n    return 'An answer.', []\n")
+    store = make_store(tmp_path / "store", env)
+    qa = tmp_path / "run" / "qa_dataset.csv"
+    write_qa(qa, [{"qa_id": "a", "chunk_id": "c1", "question": "Q a?"},
+                  {"qa_id": "b", "chunk_id": "c2", "question": "Q b?"}])  # fmt: skip
+    answer = ("answer", "--chroma", str(store), "--out", "run", "--rag", "plain_rag:answer")
+    judge = ("judge", "--out", "run", "--controls", "0")
+    assert run_cli(*answer).exit_code == 0
+    assert run_cli(*judge).exit_code == 0  # the exam as answer read it: both graded
+    rows = read_csv(qa)
+    rows[1]["question"] = "Q b, edited?"
+    write_dict_rows(qa, rows)
+    result = run_cli(*judge)
+    assert result.exit_code == 0, result.output
+    assert "1 answer (b) was made for another version of its question" in result.output
+    assert run_cli("stats", "--out", "run").exit_code == 0
+    assert read_csv(tmp_path / "run" / "summary.csv")[0]["pending"] == "1"
+    assert run_cli(*answer).exit_code == 0  # answers b again, as it is now
+    again = run_cli(*judge)
+    assert again.exit_code == 0 and "another version" not in again.output
+    graded = {row["qa_id"]: row for row in read_csv(tmp_path / "run" / "judgments.csv")}
+    assert set(graded) == {"a", "b"} and all(row["status"] == "ok" for row in graded.values())

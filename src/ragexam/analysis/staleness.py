@@ -18,7 +18,7 @@ from ragexam.analysis.keypoints import marked_hash
 from ragexam.io.cells import id_list
 from ragexam.io.csvfile import unescape_cell
 from ragexam.io.fingerprint import answer_hash, input_hash
-from ragexam.io.runfolder import RunFolder
+from ragexam.io.runfolder import RunFolder, answered_as_it_is
 
 HOW = ("input_hash", "scale", "with_context")  # what a judgment says it was made from
 
@@ -97,44 +97,48 @@ def _recorded(judgments: Path, ids: pd.Series) -> dict[str, npt.NDArray[np.objec
 
 
 def stale_answers(folder: RunFolder, questions: pd.DataFrame) -> npt.NDArray[np.bool_]:
-    """For each question, whether its answer was made for another version of it (question,
-    ground truth or source chunks edited since): no answer to it, nor a rank, until `answer`
-    redoes it. Answers that recorded no input are taken as they are."""
+    """For each question (with texts loaded, in the exam's order), whether its answer was
+    made for another version of it (question, ground truth or source chunks edited since): no
+    answer to it, nor a rank, until `answer` redoes it. Answers that recorded no input are
+    taken as they are."""
     none = np.zeros(len(questions), dtype=bool)
-    wanted = ["qa_id", "question", "ground_truth_answer", "chunk_id", "chunk_ids"]
     try:
-        made = _columns(folder.answers_read(), ["qa_id", "input_hash", "status"])
-        asked = _columns(folder.exam(), wanted)
+        if answered_as_it_is(folder.exam(), folder.answers_read()):
+            return none
+        made = _columns(folder.answers_read(), ["qa_id", "input_hash", "status"], "input_hash")
+        sources = _columns(folder.exam(), ["chunk_id", "chunk_ids"])
     except (FileNotFoundError, ValueError, pd.errors.EmptyDataError):
         return none
-    if "input_hash" not in made or "qa_id" not in asked:
-        return none
-    now = {
-        unescape_cell(qa_id): answer_hash(
-            unescape_cell(question), unescape_cell(truth), _sources(chunk, chunks)
-        )
-        for qa_id, question, truth, chunk, chunks in zip(
-            *(asked.get(name, pd.Series("", index=asked.index)) for name in wanted), strict=True
-        )
-    }
+    if made is None or sources is None or "status" not in made or len(sources) != len(none):
+        return none  # hand-made or older answers, or an exam read otherwise: as they are
     made = made[(made["status"] == "ok") & (made["input_hash"] != "")]
     made = made.drop_duplicates("qa_id", keep="last")  # a repeated qa_id: the later row wins
-    moved = {
-        qa_id
-        for qa_id, recorded in zip(
-            made["qa_id"].map(unescape_cell), made["input_hash"], strict=True
-        )
-        if qa_id in now and recorded != now[qa_id]
-    }
-    if not moved:
-        return none
-    return questions["qa_id"].map(unescape_cell).isin(moved).to_numpy(dtype=bool)
+    rows = pd.Index(made["qa_id"]).get_indexer(pd.Index(questions["qa_id"]))
+    recorded = np.append(made["input_hash"].to_numpy(dtype=object), "")[rows]
+    blank = pd.Series("", index=sources.index)
+    columns = [questions[name] for name in ("question", "ground_truth_answer")]
+    columns += [sources.get(name, blank) for name in ("chunk_id", "chunk_ids")]
+    stale = none.copy()
+    rows_of = zip(recorded, *columns, strict=True)
+    for n, (made_from, question, truth, chunk, chunks) in enumerate(rows_of):
+        if made_from and made_from != answer_hash(
+            _plain(question), _plain(truth), _sources(chunk, chunks)
+        ):
+            stale[n] = True
+    return stale
 
 
-def _columns(path: Path, names: list[str]) -> pd.DataFrame:
-    """These of the CSV's columns that it has, as text."""
+def _plain(cell: str) -> str:
+    """A text cell as it was written: escape_cell's apostrophe off, when it added one."""
+    return unescape_cell(cell) if cell[:1] == "'" else cell
+
+
+def _columns(path: Path, names: list[str], needed: str | None = None) -> pd.DataFrame | None:
+    """These of the CSV's columns that it has, as text; None when it lacks `needed` (or all)."""
     header = pd.read_csv(path, nrows=0, encoding="utf-8-sig").columns
     present = [name for name in names if name in header]
+    if not present or (needed is not None and needed not in present):
+        return None
     return pd.read_csv(
         path, usecols=present, dtype=str, keep_default_na=False, encoding="utf-8-sig"
     )

@@ -177,3 +177,23 @@ def _legacy_store(store: str) -> str:
     if "://" in store:
         return store
     return str(Path(store).resolve())
+
+
+def file_identity(path: Path) -> list[int]:
+    """What says a file is the same one: its size and modification time."""
+    stat = path.stat()
+    return [stat.st_size, stat.st_mtime_ns]
+
+
+def answered_as_it_is(exam: Path, answers: Path) -> bool:
+    """Whether the exam is the very file `answer` read when it last wrote these answers (it
+    drops the answers of edited questions as it starts): then no answer can be to another
+    version of its question, and a million answers need no check."""
+    stages = read_manifest(answers.parent).get("stages")
+    record = stages.get("answer") if isinstance(stages, dict) else None
+    if not isinstance(record, dict) or record.get("qa_dataset") != str(exam.resolve()):
+        return False
+    try:
+        return record.get("qa_dataset_read") == file_identity(exam)
+    except OSError:
+        return False

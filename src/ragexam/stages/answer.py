@@ -14,7 +14,7 @@ from ragexam.config import AnswerContext, Settings
 from ragexam.errors import ConfigError, InputFileError
 from ragexam.io.cells import id_list
 from ragexam.io.csvfile import read_rows
-from ragexam.io.runfolder import RunFolder
+from ragexam.io.runfolder import RunFolder, file_identity
 from ragexam.options import DEFAULT_K, Given
 from ragexam.rag.base import Question, RagSystem
 from ragexam.rag.builtin import BuiltinRag
@@ -99,6 +99,7 @@ def run_answer(settings: Settings, given: Given, session: Session) -> StageResul
     record = {
         **plan.manifest(settings, store, collection),
         "qa_dataset": str(exam.resolve()),
+        "qa_dataset_read": file_identity(exam),  # as read: an exam edited since is checked
         "skipped": skipped,
     }
     how = run_settings(given, settings)

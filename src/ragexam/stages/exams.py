@@ -19,7 +19,7 @@ from ragexam.errors import ConfigError
 from ragexam.io.cells import SINGLE, id_list
 from ragexam.io.csvfile import read_columns
 from ragexam.io.fingerprint import answer_hash, input_hash
-from ragexam.io.runfolder import RunFolder
+from ragexam.io.runfolder import RunFolder, answered_as_it_is
 from ragexam.options import Given
 
 logger = logging.getLogger("ragexam")
@@ -105,7 +105,7 @@ def read_exams(
     if context:
         texts = answers["retrieved_texts"]
         exams = [exam._replace(context=texts[i]) for exam, i in zip(exams, ok, strict=True)]
-    if "input_hash" in answers:
+    if "input_hash" in answers and not answered_as_it_is(qa_path, answers_path):
         made_from = [answers["input_hash"][i] for i in ok]
         exams = _current(exams, made_from, asked_now(qa))
     return exams, len(answers["status"]) - len(ok)
