@@ -117,6 +117,11 @@ def test_stats_shows_each_kind_apart_and_all_together(tmp_path: Path) -> None:
     assert "By kind of question" in result.output
     report = (run / "report.html").read_text(encoding="utf-8")
     assert "Questions by kind" in report and "<b>multi-hop</b>" in report
+    # the worst questions: an unanswerable one has no source chunk, so none to miss
+    made_up = report.split("Q u2?", 1)[1].split("</tr>", 1)[0]
+    assert 'class="n">-</td>' in made_up and ">miss<" not in made_up
+    missed = report.split("Q s2?", 1)[1].split("</tr>", 1)[0]
+    assert ">miss<" in missed
 
 
 def test_an_exam_of_single_questions_has_no_kind_figures(tmp_path: Path) -> None:
@@ -214,3 +219,17 @@ def test_right_declines_do_not_make_a_document_look_wordy(tmp_path: Path) -> Non
     by_kind = {row["kind"]: row for row in read_rows(run / "summary_by_kind.csv", ["kind"])}
     assert by_kind["unanswerable"]["diagnosis"] == "ok"  # 4 of 6 declined, completeness 0.67
     assert "trim the context" not in result.output
+
+
+def test_the_headline_says_what_is_pending_instead_of_nothing_urgent(tmp_path: Path) -> None:
+    # A run killed mid-judge: two of seven graded. Their figures are fine, and the headline
+    # said "nothing urgent", with five questions (a whole document) never graded.
+    run = write_run(tmp_path / "run")
+    judgments = read_rows(run / "judgments.csv", [])
+    write_dict_rows(run / "judgments.csv", [row for row in judgments if row["qa_id"] in ("m2",)])
+    result = run_cli("stats", "--out", str(run))
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "Answers are 100% complete (of the 1 graded; 6 pending)" in said
+    assert "grade the 6 pending questions first: run answer and judge, then stats" in said
+    assert "nothing urgent: look at" not in said

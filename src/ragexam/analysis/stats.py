@@ -245,7 +245,8 @@ def worst_questions(questions: pd.DataFrame, k: int, limit: int = WORST_QUESTION
     keys = (rr[candidates], conciseness[candidates], completeness[candidates])
     chosen = candidates[np.lexsort(keys)[:limit]]
     columns = ["qa_id", "document", *TEXTS, "answer", "rank", "completeness", "conciseness"]
-    worst = questions.iloc[chosen][columns].reset_index(drop=True)
+    worst = questions.iloc[chosen][[*columns, "kind"]].reset_index(drop=True)
+    worst["kind"] = worst["kind"].astype(str)
     for name in ("qa_id", "question", "ground_truth_answer", "answer"):
         worst[name] = worst[name].map(unescape_cell).astype(object)
     worst["document"] = worst["document"].astype(str)

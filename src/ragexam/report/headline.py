@@ -29,9 +29,19 @@ def headline(result: StatsResult) -> str:
     completeness = row.get("completeness_mean")
     if pd.isna(completeness):
         return _ungraded(row)
+    pending = int(row.get("pending", 0) or 0)
+    advice = TRY.get(str(row["diagnosis"]), TRY["ok"])
+    so_far = ""
+    if pending:  # the figures are of the graded questions alone: said, and the rest asked for
+        so_far = f" (of the {int(row.get('n_judged', 0)):,} graded; {pending:,} pending)"
+        if advice == TRY["ok"]:
+            advice = (
+                f"nothing urgent in what is graded, but grade the {pending:,} pending questions "
+                "first: run answer and judge, then stats"
+            )
     sentence = (
-        f"Answers are {completeness:.0%} complete, and {_retrieval(row)}; {_where(result)}; "
-        f"{TRY.get(str(row['diagnosis']), TRY['ok'])}."
+        f"Answers are {completeness:.0%} complete{so_far}, and {_retrieval(row)}; "
+        f"{_where(result)}; {advice}."
     )
     controls = result.controls
     if controls is not None and not controls.trusted:

@@ -17,6 +17,7 @@ from ragexam.analysis.summary import (
     StatsResult,
 )
 from ragexam.io.atomic import atomic_file
+from ragexam.io.cells import UNANSWERABLE
 from ragexam.report import drilldown, kinds, marked, page
 from ragexam.report.charts import bars, histogram, scatter
 from ragexam.report.controlcharts import sections as measured_sections
@@ -235,6 +236,8 @@ def _worst(worst: pd.DataFrame, k: int) -> str:
     for row in worst.to_dict("records"):
         rank = row["rank"]
         shown = "miss" if pd.isna(rank) or rank > k else str(int(rank))
+        if row.get("kind") == UNANSWERABLE:
+            shown = "-"  # no source chunk to retrieve: none to miss
         cells = [
             page.cell(escape(str(row[name])) + marks.get(name, _nothing)(row), "text")
             for name in texts
