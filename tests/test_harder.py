@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from openai_server import FakeOpenAI
+from openai_server import FakeOpenAI, hashed_embedding
 from support import read_csv, run_cli
 from world import FACT, MISSING, TAG, World
 
@@ -250,3 +250,19 @@ def test_a_harder_questions_key_points_are_held_as_a_single_questions_are() -> N
     assert written.key_points == ["one fact", "two"]
     with pytest.raises(ValueError, match="a key point must not be blank"):
         KeyedQA(question="Q?", answer="A.", key_points=["one fact", "  "])  # re-asked
+
+
+def test_an_embedding_not_the_stores_stops_unanswerable_questions_before_any_call(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # Each candidate's question was written, and paid for, before its check met the embedding.
+    the_world = world()
+    env.responder = the_world.respond
+    the_world.build_store(tmp_path / "store")
+    size = len(the_world.records)
+    env.embed = lambda text: hashed_embedding("another model " + text[::-1], size)
+    command = ["generate", "--chroma", str(tmp_path / "store"), "--out", str(tmp_path / "run")]
+    result = run_cli(*command, "--embedding", "openai:fake-embed", "--unanswerable", "2")
+    assert result.exit_code == 2, result.output
+    assert "are not the store's" in " ".join(result.output.split())
+    assert env.count() == 0  # no chat call: not one question written

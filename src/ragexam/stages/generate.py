@@ -249,7 +249,9 @@ class GeneratePlan:
         return self.prompt.template.format_messages(**values)
 
     async def preflight(self) -> None:
-        """Nothing to check beyond what run_generate did."""
+        """The harder questions' embedding, if any; the rest run_generate checked."""
+        if self.harder is not None:
+            await self.harder.preflight()
 
     async def aclose(self) -> None:
         """Close the models' connections and ragexam's client of the store."""

@@ -243,6 +243,12 @@ class Harder:
         written = {self.prompts[kind].name: self.prompts[kind].hash for kind in self.asked}
         return written | self.verifier.prompt_hashes()
 
+    async def preflight(self) -> None:
+        """Before any paid call: the embedding that verifies unanswerable questions is the
+        store's (each candidate's question is written, and paid for, before it is checked)."""
+        if self.verifier.retriever is not None:
+            await self.verifier.retriever.check_agreement()
+
     async def aclose(self) -> None:
         """Close the verifier's models and the record of dropped questions."""
         try:
