@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from langchain_core.documents import Document
 from openai_server import FakeOpenAI
-from support import build_store, docs, exam, gpt_like_tokens, run_cli
+from support import build_store, docs, exam, gpt_like_tokens, read_csv, run_cli, write_dict_rows
 
 # gpt-4o-mini's list price, USD per million tokens (OpenAI's pricing page).
 MINI_INPUT, MINI_OUTPUT = 0.15, 0.60
@@ -173,3 +173,24 @@ def test_run_records_each_stage_cost_and_the_total(
         costs.append(expected)
     assert manifest(tmp_path / "run")["cost_usd"] == pytest.approx(sum(costs))
     assert "run cost: $" in result.output
+
+
+def test_a_dry_run_counts_the_rows_whose_input_changed_as_a_real_run_redoes_them(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # Two answers edited after they were graded: the dry run said "0 rows to do, $0", and
+    # the real run then regraded both.
+    exam(tmp_path / "run", 6)
+    judge = ("judge", "--out", "run", "--controls", "0")
+    assert run_cli(*judge).exit_code == 0
+    answers = tmp_path / "run" / "answers.csv"
+    rows = read_csv(answers)
+    for row in rows[:2]:
+        row["answer"] += " Edited since."
+    write_dict_rows(answers, rows)
+    dry = run_cli(*judge, "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert estimates(dry.output)["judge"]["rows"] == 2
+    before = env.count()
+    real = run_cli(*judge)
+    assert real.exit_code == 0 and env.count() - before == 2

@@ -9,7 +9,7 @@ estimates answer and judge before their inputs exist, from stand-in texts of tho
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from itertools import islice
 from pathlib import Path
@@ -23,7 +23,7 @@ from ragexam.config import AnswerContext, Scale, Settings
 from ragexam.io.batchfiles import parse_custom_id, scan_results
 from ragexam.io.cells import SINGLE
 from ragexam.io.csvfile import read_columns, read_rows
-from ragexam.io.fingerprint import stale_rows
+from ragexam.io.fingerprint import changed_inputs, stale_rows
 from ragexam.io.ledger import Ledger
 from ragexam.io.runfolder import CONTROL_RUNS, RunFolder
 from ragexam.llm.pacing import estimate_tokens, text_tokens
@@ -103,9 +103,14 @@ def estimate(
 
 
 def done_rows(
-    path: Path, model: str, prompt_hash: str, key: str = "qa_id"
+    path: Path,
+    model: str,
+    prompt_hash: str,
+    key: str = "qa_id",
+    inputs: Callable[[], Mapping[str, str]] | None = None,
 ) -> tuple[set[str], float | None]:
-    """The rows a real run would skip (`ok`, this model and prompt), and their output per call."""
+    """The rows a real run would skip (`ok`, this model and prompt, and with `inputs`, made
+    from the input this run has for them), and their output per call."""
     if not path.exists():
         return set(), None
     rows = [
@@ -113,13 +118,23 @@ def done_rows(
         for row in _ok_rows(path, key)
         if (row.get("model"), row.get("prompt_hash")) == (model, prompt_hash)
     ]
-    return _done(rows, key)
+    return _done(_current(rows, key, inputs), key)
+
+
+def _current(
+    rows: list[dict[str, str]], key: str, inputs: Callable[[], Mapping[str, str]] | None
+) -> list[dict[str, str]]:
+    """The rows whose input has not changed since they were made: the others are redone."""
+    if inputs is None or not rows:
+        return rows
+    changed = set(changed_inputs({row[key]: row for row in rows}, inputs))
+    return [row for row in rows if row[key] not in changed]
 
 
 def _ok_rows(path: Path, key: str, fixed: Iterable[str] = ()) -> list[dict[str, str]]:
     """An output's `ok` rows, holding only the cells an estimate reads: their fingerprint and
     cost (a million rows' answers and reasonings are never held)."""
-    read = ("model", "prompt_hash", "attempts", "completion_tokens", *fixed)
+    read = ("model", "prompt_hash", "input_hash", "attempts", "completion_tokens", *fixed)
     columns = read_columns(path, [key, "status"], optional=read)
     names, found = list(columns), []
     for cells in zip(*columns.values(), strict=True):
@@ -158,7 +173,7 @@ def estimate_generate(settings: Settings, given: Given, session: Session) -> lis
     plan = GeneratePlan(settings, given, store, open_collection(store), session)
     try:
         done, per_call = done_rows(
-            RunFolder(given.out).qa_dataset, plan.llm.model, plan.prompt.hash
+            RunFolder(given.out).qa_dataset, plan.llm.model, plan.prompt.hash, inputs=plan.inputs
         )
         done, out = out_in_batches(RunFolder(given.out), "generate", done)
         rows, tasks = plan.single_tasks(done)
@@ -221,18 +236,24 @@ def estimate_answer(settings: Settings, given: Given, session: Session) -> Estim
     store = store_ref(given, settings, session) if needs_store(given) else None
     collection = open_collection(store) if store is not None else None
     try:
-        return _answers(settings, given, questions, collection)
+        return _answers(settings, given, questions, collection, real=True)
     finally:
         release(store)
 
 
 def _answers(
-    settings: Settings, given: Given, questions: list[Question], collection: Any
+    settings: Settings,
+    given: Given,
+    questions: list[Question],
+    collection: Any,
+    real: bool = False,
 ) -> Estimate:
-    """The answer prompts of the questions not answered yet, in the options' context."""
+    """The answer prompts of the questions not answered yet, in the options' context (`real`:
+    the exam's own questions, whose answers made from other versions of them are redone)."""
     model, context = settings.model_for("answer"), given.answering.context
     prompt = load_prompt(PROMPTS.get(context, "answer"), settings.prompts_dir)
-    done, per_call = done_rows(RunFolder(given.out).answers, model, prompt.hash)
+    now = (lambda: {q.qa_id: q.input_hash for q in questions}) if real else None
+    done, per_call = done_rows(RunFolder(given.out).answers, model, prompt.hash, inputs=now)
     done, out = out_in_batches(RunFolder(given.out), "answer", done)
     pending = [question for question in questions if question.qa_id not in done]
     k = given.answering.k or DEFAULT_K
@@ -308,7 +329,8 @@ def graded_rows(
     stage = plan.stage(name, path, key, ())
     ok = {row[key]: row for row in _ok_rows(path, key, stage.fixed)}
     stale = set(stale_rows(stage, ok, force))
-    return _done([row for done, row in ok.items() if done not in stale], key)
+    kept = [row for done, row in ok.items() if done not in stale]
+    return _done(_current(kept, key, plan.inputs), key)
 
 
 def _graded(
