@@ -399,3 +399,36 @@ def test_an_endpoint_that_stops_answering_looks_says_the_batches_go_on(
     batch_env.batch.alter = None
     assert run_cli(*JUDGE).exit_code == 0
     assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}
+
+
+def test_results_of_a_job_of_another_model_are_billed_at_that_models_price(
+    batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A batch asked of gpt-4o-mini is out; the rerun asks gpt-4o. The mini results it collects
+    # answer no row now, and were paid at mini's price: they were priced at gpt-4o's (9 times
+    # too dear), and the other way round 9 times too cheap.
+    from ragexam.config import Settings
+    from ragexam.llm.prices import batch_price
+
+    monkeypatch.setenv("RAGEXAM_JUDGE_MODEL", "gpt-4o-mini")
+    exam(tmp_path / "run", N)
+    assert killed_at("event:submitted", 1, *JUDGE) == KILLED  # mini's batch out
+    monkeypatch.setenv("RAGEXAM_JUDGE_MODEL", "gpt-4o")
+    result = run_cli(*JUDGE)
+    assert result.exit_code == 0, result.output
+    spent: dict[str, list[int]] = {}
+    for line in batch_env.batch_requests:
+        usage = line.usage or {}
+        account = spent.setdefault(line.body["model"], [0, 0, 0])
+        account[0] += 1
+        account[1] += usage.get("prompt_tokens", 0)
+        account[2] += usage.get("completion_tokens", 0)
+    assert set(spent) == {"gpt-4o-mini", "gpt-4o"} and spent["gpt-4o"][0] == N
+    record = record_of(tmp_path)
+    mini = record["billed_elsewhere"]["gpt-4o-mini"]
+    assert [mini["calls"], *mini["tokens_billed"].values()] == spent["gpt-4o-mini"]
+    assert [record["calls"], *record["tokens_billed"].values()] == spent["gpt-4o"]
+    settings = Settings()
+    prices = {model: batch_price(model, settings) for model in spent}
+    cost = sum(prices[model].cost(*spent[model][1:]) for model in spent)  # type: ignore[union-attr]
+    assert record["cost_usd"] == pytest.approx(cost, rel=1e-9)

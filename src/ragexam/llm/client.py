@@ -169,6 +169,9 @@ class LLM:
         self.rate_limit_wait = settings.rate_limit_wait
         self.reachability = Reachability(settings.openai_base_url, self.redact)
         self.tokens = [0, 0]  # prompt and completion tokens of every call, failed ones too
+        # batch results of requests asked of another model, billed at its price: model ->
+        # [calls, prompt, completion]
+        self.elsewhere: dict[str, list[int]] = {}
         self.requests = Requests(settings.openai_base_url)  # what each call sends, as bytes
         self._runnables: dict[tuple[type[BaseModel], StructuredMethod], Runnable[Any, Any]] = {}
         self._forms: dict[tuple[Any, ...], Form | None] = {}  # a first call's request, by shape
@@ -186,6 +189,19 @@ class LLM:
             "structured_output": self.method.value,
             "http_client": self.http,
             "tokens_billed": {"prompt": self.tokens[0], "completion": self.tokens[1]},
+            **({"billed_elsewhere": self.billed_elsewhere()} if self.elsewhere else {}),
+        }
+
+    def billed_elsewhere(self) -> dict[str, dict[str, Any]]:
+        """The results of requests asked of other models, by model, as verification roles are
+        recorded: each is priced at its own model's rate."""
+        return {
+            model: {
+                "model": model,
+                "calls": calls,
+                "tokens_billed": {"prompt": prompt, "completion": completion},
+            }
+            for model, (calls, prompt, completion) in self.elsewhere.items()
         }
 
     async def aclose(self) -> None:
@@ -293,17 +309,27 @@ class LLM:
             return None
         return Reply(value, prompt_tokens, completion_tokens, 1, 0.0, content)
 
-    def billed(self, answer: Answer) -> None:
+    def billed(self, answer: Answer, model: str | None = None) -> None:
         """Count a batch result no row of this run reads (its row was written by a run
         stopped before it recorded the result spent; or is left out of this run, and the
-        result carried): a call, and the tokens its usage says, as `_count` counts one."""
-        self.pacer.traffic.calls += 1
+        result carried): a call, and the tokens its usage says, as `_count` counts one. With
+        another `model` than this one (the request was asked of it), at that model's account."""
+        account = (
+            self.elsewhere.setdefault(model, [0, 0, 0]) if model not in (None, self.model) else None
+        )
+        if account is None:
+            self.pacer.traffic.calls += 1
+        else:
+            account[0] += 1
         body = answer.body if answer.status == 200 and isinstance(answer.body, dict) else {}
         usage = body.get("usage")
         if isinstance(usage, dict):
             for index, name in enumerate(("prompt_tokens", "completion_tokens")):
                 if type(usage.get(name)) is int:
-                    self.tokens[index] += usage[name]
+                    if account is None:
+                        self.tokens[index] += usage[name]
+                    else:
+                        account[index + 1] += usage[name]
 
     def booked(self, reply: Reply[Any], fresh: bool) -> None:
         """Count a reply `read_first` read, as `structured` counts one: a call and its tokens

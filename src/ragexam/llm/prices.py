@@ -114,7 +114,8 @@ def record_cost(out: Path, stage: str, settings: Settings) -> tuple[float | None
     }
     tokens = int(billed["prompt"]), int(billed["completion"])
     cost = price.cost(*tokens) if price else None
-    for role in (record.get("verification") or {}).values():  # generate's checks: other models
+    others = {**(record.get("verification") or {}), **(record.get("billed_elsewhere") or {})}
+    for role in others.values():  # generate's checks, a job of another model: their prices
         checked = priced_at(str(role.get("model", "")), settings)  # on the same road
         spent = role.get("tokens_billed") or {}
         used = int(spent.get("prompt", 0)), int(spent.get("completion", 0))

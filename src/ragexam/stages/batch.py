@@ -134,7 +134,9 @@ class BatchRoad:
         if (job.get("model"), job.get("prompt_hash")) != (stage.model, stage.prompt_hash):
             return
         figures = {
-            name: value for name, value in job.items() if type(value) is int or name == "began"
+            name: value
+            for name, value in job.items()
+            if type(value) is int or name in ("began", "elsewhere")
         }
         if job.get("ended"):
             self.ended = figures
@@ -149,6 +151,11 @@ class BatchRoad:
         llm.pacer.traffic.calls += before.get("calls", 0)
         llm.tokens[0] += before.get("prompt", 0)
         llm.tokens[1] += before.get("completion", 0)
+        elsewhere = before.get("elsewhere")
+        for model, spent in (elsewhere if isinstance(elsewhere, dict) else {}).items():
+            account = llm.elsewhere.setdefault(model, [0, 0, 0])
+            for index, count in enumerate(spent[:3] if isinstance(spent, list) else []):
+                account[index] += int(count)
 
     def totals(self, carried: bool | None = None, made: float | None = None) -> dict[str, Any]:
         """The batch job's totals so far, as the ledger keeps them for the run that goes on
@@ -160,6 +167,8 @@ class BatchRoad:
         record, stage = self.record(), self.runner.stage
         counts = {name: record[name] for name in COUNTED}
         counts |= {"calls": llm.calls, "prompt": llm.tokens[0], "completion": llm.tokens[1]}
+        if llm.elsewhere:  # results of a job of another model, billed at its price
+            counts["elsewhere"] = {model: list(spent) for model, spent in llm.elsewhere.items()}
         carried = self.ledger.carry is not None if carried is None else carried
         started = self._span()[0] + ([made] if made is not None else [])
         began = {"began": min(started)} if started else {}
@@ -221,6 +230,8 @@ class BatchRoad:
         passed = Pass(self.runner, self.plan, self.ledger, index, self.out, folders, self.kind)
         passed.commit = partial(self._commit, seen or [])
         passed.max_lines = self.shard_lines
+        if self.asked_with[0] is not None and self.asked_with[0] != self.runner.stage.model:
+            passed.asked_of = self.asked_with[0]  # a job of another model was out: its results
         passed.with_shard = self._with_shard
         try:
             await passed.run(done)

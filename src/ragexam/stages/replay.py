@@ -223,6 +223,8 @@ class Pass:
         # and what each `shard` event records beside the shard (the job's totals, it in)
         self.with_shard: Callable[[Pass, Shard], dict[str, Any]] = lambda *_: {}
         self.max_lines: int | None = None  # requests a shard holds at most, if fewer than it may
+        # the model the results no row uses were asked of, when not this run's: billed at its price
+        self.asked_of: str | None = None
         self.counted = False  # the road counted the pass's figures in its own
 
     @property
@@ -236,7 +238,7 @@ class Pass:
         _, tasks = self.plan.tasks(done | idle if idle else done)
         try:
             for answer in self.index.late():
-                self.llm.billed(answer)
+                self.llm.billed(answer, self.asked_of)
             if isinstance(tasks, AsyncIterator):
                 async for task in tasks:
                     handled, known = self._directly(task)
@@ -327,7 +329,7 @@ class Pass:
         for results in row.known.values():
             for known in results:
                 if known.fresh and id(known) not in used:
-                    self.llm.billed(known.answer)
+                    self.llm.billed(known.answer, self.asked_of)
 
     def _send(self, key: str, call: int, digest: str, url: str, body: bytes) -> bool:
         """Write the request a row waits on (its call, with this body) into a shard, unless
@@ -374,7 +376,7 @@ class Pass:
                 for known in results:
                     self._keep(known.line)
                     if known.fresh:
-                        self.llm.billed(known.answer)
+                        self.llm.billed(known.answer, self.asked_of)
             self.out.pop(key, None)  # its request is answered: it waits on nothing
 
     def _keep(self, line: bytes) -> None:
