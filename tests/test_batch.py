@@ -279,7 +279,9 @@ def test_an_expired_batch_leaves_its_unrun_lines_to_the_next(
     assert all(row["status"] == "ok" for row in rows.values())
     assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}  # unrun lines cost nothing
     assert max(int(row["attempts"]) for row in rows.values()) == 3  # 12 lines: 5, 5, then 2
-    assert manifest(tmp_path)["stages"]["judge"]["batch"]["batches"] == 3
+    record = manifest(tmp_path)["stages"]["judge"]
+    assert record["batch"]["batches"] == 3
+    assert record["calls"] == N  # the lines that ran: those left unrun made no call
 
 
 def run_in_thread(*args: str) -> tuple[threading.Thread, list[Any]]:
@@ -527,6 +529,7 @@ def test_a_batch_made_without_an_id_stops_the_stage_and_is_found_again_not_made_
     batch_env.batch.alter = None
     assert judge().exit_code == 0  # found by its input file, not made again
     assert batches_made(batch_env) == 1
+    assert manifest(tmp_path)["stages"]["judge"]["batch"]["batches"] == 1  # counted once
     assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(3)}
 
 

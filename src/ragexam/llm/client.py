@@ -460,7 +460,8 @@ class LLM:
         local = local_failure(exc)
         if local is not None:
             raise LocalClientError(self.redact(local))  # every call would fail alike
-        self._count(getattr(exc, "raw_message", None), row)
+        ran = not isinstance(exc, deferred.Unanswered)  # a batch line never run: no call made
+        self._count(getattr(exc, "raw_message", None), row, ran)
         row.raw = getattr(exc, "raw", None) or row.raw
         if deferred.current() is None:  # a batch result came from a reachable endpoint
             self.reachability.failed(exc)
@@ -496,15 +497,16 @@ class LLM:
             self._runnables.clear()  # they carry the old field
         return True
 
-    def _count(self, raw: AIMessage | None, row: _Row) -> None:
+    def _count(self, raw: AIMessage | None, row: _Row, ran: bool = True) -> None:
         """Add one attempt's usage to the row's tokens and to this model's totals.
 
         On the batch road, a result read again (a row replayed to its next call) was billed
         when this run, or an earlier one, first read it: the row counts it, the totals not.
+        A batch line that never `ran` (expired, cancelled) is no call.
         """
         batch = deferred.current()
         billed = batch is None or batch.fresh
-        if batch is not None and batch.fresh:
+        if batch is not None and batch.fresh and ran:
             self.pacer.traffic.calls += 1  # a batch line answered: one call made
         usage = raw.usage_metadata if raw is not None else None
         if usage and self.system_check.looking and (sizes := row.sizes())[1]:

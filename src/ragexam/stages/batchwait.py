@@ -94,7 +94,7 @@ class Waiter:
         if found is None:
             metadata = {"ragexam_shard": shard.name}
             found = await self.api.create(shard.file_id, shard.url, metadata)
-            self.road.batches += 1
+        self.road.batches += 1  # made now, or by a run killed before it recorded the batch
         # with the job's totals (the batch made counts), should the run be killed now
         job = self.road.totals(made=found.created_at)
         made = {"batch_id": found.id, "at": found.created_at, "where": self.api.where}
