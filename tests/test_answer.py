@@ -214,6 +214,23 @@ def test_a_rag_callable_that_cannot_take_the_question_alone_is_one_line_before_a
     assert [row["status"] for row in read_csv(tmp_path / "run" / "answers.csv")] == ["ok"]
 
 
+def test_a_rag_file_named_like_a_module_already_loaded_is_that_file(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # sub/queue.py:answer was the standard library's queue: "queue has no callable 'answer'"
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "queue.py").write_text("def answer(question):\n    return 'A', []\n")
+    write_qa(
+        tmp_path / "run" / "qa_dataset.csv", [{"qa_id": "a", "chunk_id": "c0", "question": "q"}]
+    )
+    result = run_cli("answer", "--out", "run", "--rag", "sub/queue.py:answer")
+    assert result.exit_code == 0, result.output
+    assert [row["answer"] for row in read_csv(tmp_path / "run" / "answers.csv")] == ["A"]
+    import queue
+
+    assert hasattr(queue, "Queue")  # the standard library's is left as it was
+
+
 def answered_by_a_rag_that_fails(
     env: FakeOpenAI, tmp_path: Path, name: str, failing: str, kind: str = "async def"
 ) -> dict[str, dict[str, str]]:

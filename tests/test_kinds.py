@@ -233,3 +233,20 @@ def test_the_headline_says_what_is_pending_instead_of_nothing_urgent(tmp_path: P
     assert "Answers are 100% complete (of the 1 graded; 6 pending)" in said
     assert "grade the 6 pending questions first: run answer and judge, then stats" in said
     assert "nothing urgent: look at" not in said
+
+
+def test_a_question_of_no_kind_is_refused_before_answer_or_judge_pays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # "multihop": answer and judge made their paid calls, and only stats refused it.
+    run = write_run(tmp_path / "run")
+    rows = read_rows(run / "qa_dataset.csv", [])
+    rows[2]["kind"] = "multihop"
+    write_dict_rows(run / "qa_dataset.csv", rows)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kind_rag.py").write_text("def answer(question):\n    return 'A', []\n")
+    said = "has status ok but a kind that is none of single, multi-hop, unanswerable"
+    for stage in (("answer", "--rag", "kind_rag:answer"), ("judge", "--controls", "0")):
+        result = run_cli(*stage, "--out", str(run))
+        assert result.exit_code == 2, result.output
+        assert "qa_id 'm1'" in result.output and said in " ".join(result.output.split())

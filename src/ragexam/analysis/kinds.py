@@ -19,7 +19,15 @@ import pandas as pd
 from ragexam.analysis.ranking import RankStates
 from ragexam.analysis.summary import RETRIEVAL
 from ragexam.errors import InputFileError
-from ragexam.io.cells import KINDS, MULTI_HOP, SINGLE, UNANSWERABLE, id_list, rank_list
+from ragexam.io.cells import (
+    KINDS,
+    MULTI_HOP,
+    NOT_A_KIND,
+    SINGLE,
+    UNANSWERABLE,
+    id_list,
+    rank_list,
+)
 from ragexam.io.csvfile import unescape_cell
 
 IntArray = npt.NDArray[np.int64]
@@ -51,7 +59,7 @@ def exam_kinds(qa: pd.DataFrame, path: Path) -> tuple[pd.Categorical[str], IntAr
         codes = np.array([*named, 0], dtype=np.int64)[column.cat.codes.to_numpy()]
         empty = (column == "").to_numpy()
         codes[empty] = KINDS.index(SINGLE)
-        _refuse(path, qa["qa_id"], codes < 0, f"a kind that is none of {', '.join(KINDS)}")
+        _refuse(path, qa["qa_id"], codes < 0, NOT_A_KIND)
     relevant = np.select(
         [codes == KINDS.index(UNANSWERABLE), codes == KINDS.index(MULTI_HOP)], [0, UNKNOWN], 1
     ).astype(np.int64)

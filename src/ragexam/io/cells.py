@@ -8,6 +8,7 @@ from typing import Any
 
 SINGLE, MULTI_HOP, UNANSWERABLE = "single", "multi-hop", "unanswerable"
 KINDS = (SINGLE, MULTI_HOP, UNANSWERABLE)  # of question: one chunk, two, none that answers
+NOT_A_KIND = f"a kind that is none of {', '.join(KINDS)}"  # an exam's cell that is no kind
 
 
 def id_list(cell: str) -> tuple[str, ...] | None:

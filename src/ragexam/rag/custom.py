@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
 import inspect
 import sys
 import time
@@ -38,6 +39,7 @@ def load_rag(spec: str) -> Any:
     module_name, _, attribute = spec.rpartition(":")
     if not module_name or not attribute:
         raise ConfigError(f"--rag {spec!r} must look like module:callable, e.g. my_rag:answer")
+    path = None
     if module_name.endswith(".py"):  # a file: its folder is searched first, for its own imports
         path = Path(module_name).resolve()
         if not path.is_file():
@@ -47,7 +49,7 @@ def load_rag(spec: str) -> Any:
     elif str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     try:
-        module = importlib.import_module(module_name)
+        module = _imported(module_name, path)
     except ImportError as exc:
         raise ConfigError(f"--rag {spec!r}: cannot import {module_name!r}: {exc}") from None
     except Exception as exc:  # the user's module failed while loading: their error, not ours
@@ -66,6 +68,27 @@ def load_rag(spec: str) -> Any:
     if target is None or not (callable(target) or hasattr(target, "ainvoke")):
         raise ConfigError(f"--rag {spec!r}: {module_name} has no callable {attribute!r}")
     return target
+
+
+def _imported(name: str, path: Path | None) -> Any:
+    """The module `name`; given as a file whose name a module already loaded has (queue.py,
+    types.py: the standard library's), that very file, under a name of its own."""
+    loaded = sys.modules.get(name)
+    if path is None or loaded is None or _file_of(loaded) == path:
+        return importlib.import_module(name)
+    own = f"ragexam_rag_{name}"
+    found = importlib.util.spec_from_file_location(own, path)
+    if found is None or found.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(found)
+    sys.modules[own] = module
+    found.loader.exec_module(module)
+    return module
+
+
+def _file_of(module: Any) -> Path | None:
+    where = getattr(module, "__file__", None)
+    return Path(where).resolve() if isinstance(where, str) else None
 
 
 def rag_object(rag: Any) -> Any:

@@ -12,7 +12,7 @@ from typing import Any
 
 from ragexam.config import AnswerContext, Settings
 from ragexam.errors import ConfigError, InputFileError
-from ragexam.io.cells import id_list
+from ragexam.io.cells import KINDS, NOT_A_KIND, id_list
 from ragexam.io.csvfile import read_rows
 from ragexam.io.runfolder import RunFolder, file_identity
 from ragexam.options import DEFAULT_K, Given
@@ -47,6 +47,10 @@ def read_questions(path: Path) -> tuple[list[Question], int]:
         if row.get("status", "ok") not in ("ok", ""):
             skipped += 1
             continue
+        if row.get("kind", "") not in ("", *KINDS):  # refused before any paid call, not by stats
+            raise InputFileError(
+                path, f"the row of qa_id {row['qa_id']!r} has status ok but {NOT_A_KIND}"
+            )
         truth, sources = row.get("ground_truth_answer", ""), _chunk_ids(path, row)
         hashes = tuple((row.get("chunk_hash") or "").split())
         question = Question(row["qa_id"], row["chunk_id"], row["question"], truth, sources, hashes)

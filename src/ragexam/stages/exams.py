@@ -15,8 +15,8 @@ from typing import NamedTuple
 
 from ragexam.analysis.keypoints import merged_key_points, written_key_points
 from ragexam.config import Scale
-from ragexam.errors import ConfigError
-from ragexam.io.cells import SINGLE, id_list
+from ragexam.errors import ConfigError, InputFileError
+from ragexam.io.cells import KINDS, NOT_A_KIND, SINGLE, id_list
 from ragexam.io.csvfile import read_columns
 from ragexam.io.fingerprint import answer_hash, input_hash
 from ragexam.io.runfolder import RunFolder, answered_as_it_is
@@ -96,6 +96,7 @@ def read_exams(
         filled=("question", "ground_truth_answer"),
         optional=("document", "kind", "key_points", "chunk_id", "chunk_ids"),
     )
+    _check_kinds(qa_path, qa)
     points = merged_key_points(qa, written_key_points(key_points) if key_points else {})
     wanted = ("qa_id", "answer", "status", *(("retrieved_texts",) if context else ()))
     answers = read_columns(answers_path, wanted, key="qa_id", optional=("input_hash",))
@@ -109,6 +110,15 @@ def read_exams(
         made_from = [answers["input_hash"][i] for i in ok]
         exams = _current(exams, made_from, asked_now(qa))
     return exams, len(answers["status"]) - len(ok)
+
+
+def _check_kinds(path: Path, qa: Mapping[str, Sequence[str]]) -> None:
+    """Refuse a question of no kind before any paid call (stats would refuse it after)."""
+    kinds, size = qa.get("kind"), len(qa["qa_id"])
+    for n, status in enumerate(qa.get("status", [""] * size)):
+        if kinds is not None and kinds[n] not in ("", *KINDS) and status in ("ok", ""):
+            qa_id = qa["qa_id"][n]
+            raise InputFileError(path, f"the row of qa_id {qa_id!r} has status ok but {NOT_A_KIND}")
 
 
 def asked_now(qa: Mapping[str, Sequence[str]]) -> dict[str, str]:
