@@ -241,6 +241,32 @@ def test_a_label_out_of_range_names_the_line_and_the_scale(
     assert f"line 2 (qa_id 'q2'): completeness '{value}' is out of range" in line and hint in line
 
 
+def test_a_missing_labels_file_says_how_to_begin_one(env: FakeOpenAI, tmp_path: Path) -> None:
+    run = graded_run(tmp_path / "run", env)
+    result = run_cli("calibrate", str(tmp_path / "labels.csv"), "--out", str(run))
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert "not found: grade some answers by hand in it first" in said
+    assert "ragexam calibrate --template N" in said and "run the stage" not in said
+
+
+def test_labels_of_stale_grades_are_left_out_and_said(env: FakeOpenAI, tmp_path: Path) -> None:
+    # The answer of q0 was changed after judge graded it: its grade is of another answer.
+    run = graded_run(tmp_path / "run", env)
+    lines = (run / "answers.csv").read_text().splitlines()
+    q0 = next(n for n, line in enumerate(lines) if line.startswith("q0,"))
+    lines[q0] = 'q0,"An answer edited since.",[],1,ok,'
+    (run / "answers.csv").write_text("\n".join(lines) + "\n")
+    labels = write_labels(
+        tmp_path / "labels.csv", ["qa_id", "completeness"], [[f"q{i}", 1.0] for i in range(8)]
+    )
+    result = run_cli("calibrate", str(labels), "--out", str(run))
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "1 labelled rows left out: their grade was made from a question, answer" in said
+    assert calibration(run)["completeness"]["n"] == "7"
+
+
 def test_labels_without_a_label_column(env: FakeOpenAI, tmp_path: Path) -> None:
     line = bad(tmp_path, env, ["qa_id", "grade"], [["q0", 1]])
     assert "has no label column: add completeness and/or conciseness" in line

@@ -16,12 +16,15 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from ragexam.analysis.keypoints import exam_key_points, graded_by_key_points
 from ragexam.analysis.labels import METRICS, read_labels
+from ragexam.analysis.questions import load_questions
 from ragexam.analysis.resampling import RESAMPLES
+from ragexam.analysis.staleness import stale_answers, stale_grades
 from ragexam.config import Scale
 from ragexam.errors import InputFileError
 from ragexam.io.atomic import atomic_file
-from ragexam.io.csvfile import read_rows
+from ragexam.io.csvfile import read_rows, unescape_cell
 from ragexam.io.runfolder import RunFolder
 
 FloatArray = npt.NDArray[np.float64]
@@ -145,6 +148,9 @@ def run_calibrate(labels: Path, out: Path, scale: Scale, seed: int = 0) -> Calib
     required = ("qa_id", "status", *METRICS)
     judgments = RunFolder(out).judgments
     judged = {row["qa_id"]: row for row in read_rows(judgments, required)}
+    stale = stale_ids(out)
+    for qa_id in stale & judged.keys():  # graded from inputs that changed since: no grade
+        judged[qa_id] = {**judged[qa_id], "status": "stale"}
     pairs, notes = read_labels(labels, scale, judged, judgments)
     for metric, (judge, _) in pairs.items():
         if len(judge) < MIN_LABELS:
@@ -159,6 +165,19 @@ def run_calibrate(labels: Path, out: Path, scale: Scale, seed: int = 0) -> Calib
         table.to_csv(handle, index=False, float_format="%.12g")
     table = pd.read_csv(path)  # the figures as written, so terminal and report read the same
     return Calibration(table, path, notes, reading(table))
+
+
+def stale_ids(out: Path) -> set[str]:
+    """The qa_ids whose grade was made from a question, answer or key points changed since
+    (stats counts them pending): a person's label of the answer now is not of that grade."""
+    folder = RunFolder(out)
+    try:
+        questions = load_questions(out, texts=True)
+    except InputFileError:  # an exam that cannot be read: its grades are taken as they are
+        return set()
+    points = exam_key_points(folder) if graded_by_key_points(folder) else {}
+    stale = stale_grades(folder, questions, points) | stale_answers(folder, questions)
+    return {unescape_cell(str(qa_id)) for qa_id in questions["qa_id"][stale]}
 
 
 def read_calibration(out: Path) -> pd.DataFrame | None:

@@ -70,15 +70,22 @@ def read_labels(
     path: Path, scale: Scale, judged: Mapping[str, Mapping[str, str]], judgments: Path
 ) -> tuple[dict[str, tuple[FloatArray, FloatArray]], list[str]]:
     """Per labelled metric, the judge's and the person's grades on [0, 1]; and notes."""
+    if not path.exists():  # a person writes it, not a stage: say how to begin one
+        raise InputFileError(
+            path,
+            "not found: grade some answers by hand in it first; `ragexam calibrate --template "
+            "N` writes labels_template.csv with N judged questions to fill in",
+        )
     rows = read_rows(path, ("qa_id",))
     metrics = _label_columns(path, rows)
     pairs: dict[str, list[tuple[float, float]]] = {metric: [] for metric in metrics}
     seen: set[str] = set()
-    skipped = 0
+    skipped = stale = 0
     for line, row in enumerate(rows, start=2):
         judgment = _judgment(path, line, row["qa_id"], judged, judgments, seen)
         labels = {m: _label(path, line, row, m, scale) for m in metrics if row[m].strip()}
         if labels and judgment.get("status") != "ok":
+            stale += judgment.get("status") == "stale"
             skipped += 1
             continue
         for metric, label in labels.items():
@@ -86,8 +93,13 @@ def read_labels(
     if not any(pairs.values()):
         raise InputFileError(path, f"holds no label: fill in {' or '.join(metrics)} for some rows")
     notes = []
-    if skipped:
-        notes.append(f"{skipped} labelled rows left out: their judgment is an error row")
+    if skipped - stale:
+        notes.append(f"{skipped - stale} labelled rows left out: their judgment is an error row")
+    if stale:
+        notes.append(
+            f"{stale} labelled rows left out: their grade was made from a question, answer or "
+            "key points changed since (rerun judge to grade them as they are)"
+        )
     arrays = {
         m: (np.array([j for j, _ in p]), np.array([q for _, q in p])) for m, p in pairs.items()
     }
