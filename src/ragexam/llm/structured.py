@@ -63,13 +63,15 @@ def cut_off(raw: AIMessage, limit: int | None) -> LLMError:
     written, usage = _written(raw), raw.usage_metadata
     if limit and usage and written < CONTEXT_FULL * limit:
         prompt = int(usage["input_tokens"])
-        return ContextFull(
+        full = ContextFull(
             f"the reply was cut off at {written} tokens, below max_tokens {limit}: the "
             f"server's context window was full ({prompt} prompt tokens + the reply); start "
             "the server with a larger context (llama.cpp: --n_ctx) or send shorter chunks "
             "(--max-chunk-chars)",
             raw=shown(raw),
         )
+        full.raw_message = raw  # type: ignore[attr-defined]  # its tokens were billed all the same
+        return full
     return output_error(CUT_OFF, raw)
 
 
