@@ -7,6 +7,7 @@ answer was given come from answers.csv's `retrieved_texts`.
 
 from __future__ import annotations
 
+import csv
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -88,28 +89,43 @@ def load_exams(given: Given) -> Exams:
 def read_exams(
     qa_path: Path, answers_path: Path, key_points: Path | None = None, context: bool = False
 ) -> tuple[list[Exam], int]:
-    """Answered questions joined on qa_id, and the count of error answers skipped."""
+    """Answered questions joined on qa_id, and the count of error answers skipped; those
+    answered for another version of their question are left out (when the exam is not the
+    file `answer` read, and the answers say what they were made from)."""
+    check = not answered_as_it_is(qa_path, answers_path) and _has(answers_path, "input_hash")
+    sources = ("chunk_id", "chunk_ids") if check else ()  # a million ids, read when needed
     qa = read_columns(
         qa_path,
         ("qa_id", "question", "ground_truth_answer"),
         key="qa_id",
         filled=("question", "ground_truth_answer"),
-        optional=("document", "kind", "key_points", "chunk_id", "chunk_ids"),
+        optional=("document", "kind", "key_points", *sources),
     )
     _check_kinds(qa_path, qa)
     points = merged_key_points(qa, written_key_points(key_points) if key_points else {})
     wanted = ("qa_id", "answer", "status", *(("retrieved_texts",) if context else ()))
-    answers = read_columns(answers_path, wanted, key="qa_id", optional=("input_hash",))
+    made = ("input_hash",) if check else ()
+    answers = read_columns(answers_path, wanted, key="qa_id", optional=made)
     ok = [i for i, status in enumerate(answers["status"]) if status == "ok"]
     ids, replies = [answers["qa_id"][i] for i in ok], [answers["answer"][i] for i in ok]
     exams = _joined(qa, points, ids, replies)
     if context:
         texts = answers["retrieved_texts"]
         exams = [exam._replace(context=texts[i]) for exam, i in zip(exams, ok, strict=True)]
-    if "input_hash" in answers and not answered_as_it_is(qa_path, answers_path):
+    if check and "input_hash" in answers:
         made_from = [answers["input_hash"][i] for i in ok]
         exams = _current(exams, made_from, asked_now(qa))
     return exams, len(answers["status"]) - len(ok)
+
+
+def _has(path: Path, column: str) -> bool:
+    """Whether a CSV's header names the column (False when it cannot be read: read_columns
+    then says why)."""
+    try:
+        with path.open(encoding="utf-8-sig", newline="") as handle:
+            return column in next(csv.reader(handle), [])
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return False
 
 
 def _check_kinds(path: Path, qa: Mapping[str, Sequence[str]]) -> None:
