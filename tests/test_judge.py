@@ -333,6 +333,7 @@ def test_a_question_edited_after_answer_ran_is_answered_again_before_it_is_grade
     rows = read_csv(qa)
     rows[1]["question"] = "Q b, edited?"
     write_dict_rows(qa, rows)
+    assert run_cli(*answer, "--limit", "1").exit_code == 0  # a alone: b's answer stays stale
     result = run_cli(*judge)
     assert result.exit_code == 0, result.output
     assert "1 answer (b) was made for another version of its question" in result.output
@@ -343,3 +344,23 @@ def test_a_question_edited_after_answer_ran_is_answered_again_before_it_is_grade
     assert again.exit_code == 0 and "another version" not in again.output
     graded = {row["qa_id"]: row for row in read_csv(tmp_path / "run" / "judgments.csv")}
     assert set(graded) == {"a", "b"} and all(row["status"] == "ok" for row in graded.values())
+
+
+def test_an_empty_chunk_ids_cell_is_read_as_answer_reads_it(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # chunk_ids "[]" with a chunk_id: answer's sources are the chunk_id, and so are judge's.
+    run = tmp_path / "run"
+    exam(run, 2)
+    qa = read_csv(run / "qa_dataset.csv")
+    for row in qa:
+        row["chunk_ids"] = "[]"
+    write_dict_rows(run / "qa_dataset.csv", qa)
+    answers = read_csv(run / "answers.csv")
+    for row in answers:
+        i = row["qa_id"][1:]
+        row["input_hash"] = answer_hash(f"Question #{i}?", f"Truth #{i}.", (f"c{i}",))
+    write_dict_rows(run / "answers.csv", answers)
+    result = run_cli("judge", "--out", "run", "--controls", "0")
+    assert result.exit_code == 0 and "another version" not in result.output
+    assert len(read_csv(run / "judgments.csv")) == 2

@@ -185,6 +185,8 @@ def test_right_declines_do_not_make_a_document_look_wordy(tmp_path: Path) -> Non
         "d1": [("single", 1.0, 1.0, None, None)] * 2 + [("unanswerable", *declined)] * 2,
         "d2": [("unanswerable", *declined)] * 2,  # only declines: ok
         "d3": [("unanswerable", 0.0, 0.0, ["absent"], MADE_UP)] * 2,  # only made up
+        # its answerable question not graded yet: nothing to read, whatever its declines
+        "d4": [("single", None, None, None, None), ("unanswerable", *declined)],
     }
     qa, answers, judgments = [], [], []
     for document, graded in runs.items():
@@ -197,6 +199,8 @@ def test_right_declines_do_not_make_a_document_look_wordy(tmp_path: Path) -> Non
                  "target_rank": min(ranks, default=""), "target_ranks": json.dumps(ranks),
                  "status": "ok", "error": ""}
             )  # fmt: skip
+            if complete is None:  # pending: no judgment yet
+                continue
             judgments.append(
                 {"qa_id": qa_id, "completeness": complete, "conciseness": concise,
                  "key_point_verdicts": json.dumps(verdicts) if verdicts else "",
@@ -214,6 +218,7 @@ def test_right_declines_do_not_make_a_document_look_wordy(tmp_path: Path) -> Non
     assert documents["d1"]["diagnosis"] == "ok"
     assert documents["d2"]["diagnosis"] == "ok"
     assert documents["d3"]["diagnosis"] == "generation"  # it makes answers up
+    assert documents["d4"]["diagnosis"] == "not judged"
     (overall,) = read_rows(run / "summary.csv", ["document"])
     assert overall["diagnosis"] == "ok"
     by_kind = {row["kind"]: row for row in read_rows(run / "summary_by_kind.csv", ["kind"])}

@@ -147,7 +147,7 @@ def _columns(path: Path, names: list[str], needed: str | None = None) -> pd.Data
 def _sources(chunk: str, chunks: str) -> tuple[str, ...]:
     """A question's source chunks, as `answer` reads them: chunk_ids, else chunk_id."""
     listed = id_list(unescape_cell(chunks)) if chunks else None
-    if listed is not None:
+    if listed:  # an empty list is none, as Question.sources reads it: chunk_id then
         return listed
     return (unescape_cell(chunk),) if chunk else ()
 

@@ -169,16 +169,24 @@ def _columns(
     columns.update(_retrieval(groups[scored], states.index[scored], states, n, ci))
     columns.update(cutoff_columns(groups[scored], states.index[scored], states, n))
     answerable = kind_codes(questions) != KINDS.index(UNANSWERABLE)
-    completeness, conciseness = _read_from(questions, groups, n, judged & answerable, columns)
+    alone = np.bincount(groups[answerable], minlength=n) == 0  # unanswerable questions alone
+    read = judged & answerable
+    completeness, conciseness = _read_from(questions, groups, n, read, alone, columns)
+    graded = np.where(alone, columns["n_judged"], np.bincount(groups[read], minlength=n))
     columns.update(control_means(questions, groups[answerable], answerable, n, completeness))
-    diagnosis = diagnose(completeness, conciseness, columns["hit_rate"], columns["n_judged"])
+    diagnosis = diagnose(completeness, conciseness, columns["hit_rate"], graded)
     low_conciseness = conciseness < LOW_CONCISENESS
     columns["diagnosis"] = measured_diagnosis(columns, diagnosis, low_conciseness)
     return pd.DataFrame(columns)
 
 
 def _read_from(
-    questions: pd.DataFrame, groups: IntArray, n: int, answerable: BoolArray, columns: Any
+    questions: pd.DataFrame,
+    groups: IntArray,
+    n: int,
+    answerable: BoolArray,
+    alone: BoolArray,
+    columns: Any,
 ) -> tuple[FloatArray, FloatArray]:
     """The completeness and conciseness a group's diagnosis is read from: its answerable
     questions' (a right answer to an unanswerable one declines, and a decline states nothing:
@@ -190,9 +198,10 @@ def _read_from(
         values = questions[name].to_numpy()[answerable]
         with np.errstate(invalid="ignore", divide="ignore"):
             means.append(np.bincount(groups[answerable], values, n) / counted)
-    none = counted == 0
-    completeness = np.where(none, columns["completeness_mean"], means[0])
-    return completeness, np.where(none, np.nan, means[1])
+    # a group of unanswerable questions alone is read by its declines; one whose answerable
+    # questions are not graded yet has nothing to read (not judged), whatever its declines
+    completeness = np.where(alone, columns["completeness_mean"], means[0])
+    return completeness, np.where(alone, np.nan, means[1])
 
 
 def _retrieval(

@@ -103,7 +103,9 @@ def run_answer(settings: Settings, given: Given, session: Session) -> StageResul
     record = {
         **plan.manifest(settings, store, collection),
         "qa_dataset": str(exam.resolve()),
-        "qa_dataset_read": file_identity(exam),  # as read: an exam edited since is checked
+        # as read, when this run covered every question (it drops the answers of those edited
+        # among them): an exam edited since, or a run cut by --limit, leaves stale answers
+        "qa_dataset_read": file_identity(exam) if len(plan.questions) == len(questions) else None,
         "skipped": skipped,
     }
     how = run_settings(given, settings)

@@ -144,7 +144,7 @@ def asked_now(qa: Mapping[str, Sequence[str]]) -> dict[str, str]:
     hashes = {}
     for n, qa_id in enumerate(qa["qa_id"]):
         listed = id_list(chunks[n]) if chunks is not None and chunks[n] else None
-        sources = listed if listed is not None else ((chunk[n],) if chunk[n] else ())
+        sources = listed or ((chunk[n],) if chunk[n] else ())  # as Question.sources: [] is none
         hashes[qa_id] = answer_hash(qa["question"][n], qa["ground_truth_answer"][n], sources)
     return hashes
 
