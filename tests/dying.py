@@ -3,8 +3,9 @@ nothing closed, no handler run) at a chosen step of the batch road.
 
     python tests/dying.py POINT N ARGS...
 
-POINT is `settle` (once the Nth row is settled) or `event:NAME` (once the Nth ledger event
-NAME is on disk). RAGEXAM_TEST_HELD_BYTES sets how much the row log holds before it writes,
+POINT is `settle` (once the Nth row is settled), `create` (once the endpoint made the Nth
+batch, before the ledger records it) or `event:NAME` (once the Nth ledger event NAME is on
+disk). RAGEXAM_TEST_HELD_BYTES sets how much the row log holds before it writes,
 RAGEXAM_TEST_SHARD_LINES how many requests a shard holds.
 """
 
@@ -45,6 +46,19 @@ if __name__ == "__main__":
         batchfiles.MAX_LINES = int(os.environ["RAGEXAM_TEST_SHARD_LINES"])
     if point == "settle":
         die_after(Runner, "settle", lambda *_: True, n)
+    elif point == "create":  # once the endpoint made the Nth batch, before the ledger knows
+        from ragexam.llm.batchapi import BatchApi
+
+        made, real = [0], BatchApi.create
+
+        async def create(self: Any, *args: Any, **kwargs: Any) -> Any:
+            batch = await real(self, *args, **kwargs)
+            made[0] += 1
+            if made[0] == n:
+                os._exit(KILLED)
+            return batch
+
+        BatchApi.create = create  # type: ignore[method-assign]
     else:
         event = point.removeprefix("event:")
         die_after(Ledger, "record", lambda kind, **_: kind == event, n)

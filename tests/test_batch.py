@@ -714,6 +714,8 @@ def test_a_queue_that_stays_full_leaves_its_rows_to_the_sync_road(
     batch_env.batch.fail_validation = "token_limit_exceeded"
     exam(tmp_path / "run", N)
     assert judge().exit_code == 4
+    dry = run_cli("judge", "--out", "run", "--controls", "0", "--dry-run")  # as the sync road
+    assert f"judge: {N} rows to do" in " ".join(dry.output.split()), dry.output
     sync = run_cli("judge", "--out", "run", "--controls", "0")
     assert sync.exit_code == 0, sync.output
     assert all(row["status"] == "ok" for row in judged(tmp_path).values())

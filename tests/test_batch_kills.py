@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 from batch_api import HttpReply
 from openai_server import FakeOpenAI, Reply
@@ -432,3 +433,26 @@ def test_results_of_a_job_of_another_model_are_billed_at_that_models_price(
     prices = {model: batch_price(model, settings) for model in spent}
     cost = sum(prices[model].cost(*spent[model][1:]) for model in spent)  # type: ignore[union-attr]
     assert record["cost_usd"] == pytest.approx(cost, rel=1e-9)
+
+
+@pytest.mark.parametrize("road", [("--batch",), ()], ids=["batch", "sync"])
+def test_a_refused_shard_made_again_unrecorded_is_found_not_paid_twice(
+    batch_env: FakeOpenAI, tmp_path: Path, road: tuple[str, ...]
+) -> None:
+    # The queue refuses the first batch; the second is made, and the run is killed before the
+    # ledger records it. The rerun looked no batch up for a refused shard (it made a third),
+    # and the sync road took the refused shard's rows while its batch ran.
+    batch_env.batch.fail_validation = "token_limit_exceeded"
+    batch_env.batch.fail_validation_count = 1
+    exam(tmp_path / "run", N)
+    assert killed_at("create", 2, *JUDGE) == KILLED
+    result = run_cli("judge", "--out", "run", "--controls", "0", *road)
+    if road:
+        assert result.exit_code == 0, result.output
+        assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}
+        assert batch_env.count() == 0
+    else:  # a batch of its requests may be out: the sync road refuses, and pays nothing
+        assert result.exit_code == 2 and "are out in a batch" in " ".join(result.output.split())
+        assert batch_env.count() == 0
+    sdk = openai.OpenAI(base_url=batch_env.base_url, api_key="test", max_retries=0)
+    assert len(sdk.batches.list().data) == 2  # the refused one, and the one found again

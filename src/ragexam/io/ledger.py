@@ -13,6 +13,7 @@ named otherwise on the next run; others (a --batch-dir) are recorded resolved.
     uploaded   its file is at the endpoint (file_id)
     submitted  its batch exists (batch_id)
     resubmit   its batch was refused for now (the queue was full): submit the file again
+    making     a refused shard's batch is about to be made again (a kill leaves it to look up)
     ended      its batch ended (status), its results are on disk (files)
     resolved   every line has a result: its rows are no longer in flight
     dropped    never sent (not uploaded, or its batch refused): another road took its rows
@@ -55,6 +56,7 @@ class ShardState:
     results: list[Path] = field(default_factory=list)
     resolved: bool = False
     refused: bool = False  # its last batch was refused (a full queue), none made since
+    refused_ids: set[str] = field(default_factory=set)  # the batches the queue refused
     where: str | None = None  # the endpoint its batch was made at
 
     @property
@@ -200,7 +202,13 @@ def _submitted(ledger: Ledger, shard: ShardState, event: dict[str, Any]) -> None
 
 
 def _resubmit(ledger: Ledger, shard: ShardState, event: dict[str, Any]) -> None:
+    if shard.batch_id:
+        shard.refused_ids.add(shard.batch_id)
     shard.batch_id, shard.refused = None, True
+
+
+def _making(ledger: Ledger, shard: ShardState, event: dict[str, Any]) -> None:
+    shard.refused = False  # a batch may exist from here, made before its id is recorded
 
 
 def _ended(ledger: Ledger, shard: ShardState, event: dict[str, Any]) -> None:
@@ -217,6 +225,7 @@ SHARD_EVENTS = {
     "uploaded": _uploaded,
     "submitted": _submitted,
     "resubmit": _resubmit,
+    "making": _making,
     "ended": _ended,
     "resolved": _resolved,
     "dropped": _resolved,  # never sent: another road took its rows

@@ -156,8 +156,11 @@ class BatchApi:
             raise EndpointError(f"{API} answered the upload of {path.name} with {what}")
         return ident
 
-    async def create(self, file_id: str, url: str, metadata: dict[str, str]) -> BatchView:
-        """A batch of the uploaded file's requests: made once, whatever its reply meets."""
+    async def create(
+        self, file_id: str, url: str, metadata: dict[str, str], skip: frozenset[str] = frozenset()
+    ) -> BatchView:
+        """A batch of the uploaded file's requests: made once, whatever its reply meets
+        (`skip`: batches of the file that are not it, refused by a full queue)."""
         once: Any = self.client.with_options(max_retries=0).batches.create
         for attempt in range(self.retries + 1):
             try:
@@ -168,7 +171,7 @@ class BatchApi:
                     metadata=metadata,
                 )
             except UNSURE as exc:  # made or not: the endpoint's list of batches says
-                found = await self.find(file_id)
+                found = await self.find(file_id, skip)
                 if found is not None:
                     return found
                 if attempt == self.retries:
@@ -186,15 +189,16 @@ class BatchApi:
         """The batch as the endpoint sees it now."""
         return view_of(await self._call(self.client.batches.retrieve, batch_id))
 
-    async def find(self, file_id: str) -> BatchView | None:
-        """The batch made of this input file, if one was made (its id was not recorded)."""
+    async def find(self, file_id: str, skip: frozenset[str] = frozenset()) -> BatchView | None:
+        """The batch made of this input file, if one was made (its id was not recorded), but
+        for those in `skip` (refused by a full queue)."""
         page = await self._call(self.client.batches.list, limit=LIST_PAGE)
         while True:
             batches = getattr(page, "data", None)
             if not isinstance(batches, list):
                 raise EndpointError(f"{API} answered the list of batches with {_what(page)}")
             for batch in batches:
-                if getattr(batch, "input_file_id", None) == file_id:
+                if getattr(batch, "input_file_id", None) == file_id and batch.id not in skip:
                     return view_of(batch)
             if not page.has_next_page():
                 return None

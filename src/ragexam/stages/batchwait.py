@@ -89,11 +89,15 @@ class Waiter:
             self.road.note(f"uploading {shard.name} ({shard.lines} requests)")
             ledger.record("uploaded", name=shard.name, file_id=await self.api.upload(shard.path))
         assert shard.file_id is not None
-        found = await self.api.find(shard.file_id) if shard.name in self.unsure else None
+        skip = frozenset(shard.refused_ids)  # the queue's refusals: no batch of its requests
+        unsure = shard.name in self.unsure
+        found = await self.api.find(shard.file_id, skip) if unsure else None
         self.unsure.discard(shard.name)  # a crash after create, before the ledger knew
         if found is None:
+            if shard.refused:  # from here a batch may exist unrecorded: a rerun looks it up
+                ledger.record("making", name=shard.name)
             metadata = {"ragexam_shard": shard.name}
-            found = await self.api.create(shard.file_id, shard.url, metadata)
+            found = await self.api.create(shard.file_id, shard.url, metadata, skip)
         self.road.batches += 1  # made now, or by a run killed before it recorded the batch
         # with the job's totals (the batch made counts), should the run be killed now
         job = self.road.totals(made=found.created_at)

@@ -144,12 +144,16 @@ def _ok_rows(path: Path, key: str, fixed: Iterable[str] = ()) -> list[dict[str, 
     return found
 
 
-def out_in_batches(folder: RunFolder, stage: str, done: set[str]) -> tuple[set[str], int]:
+def out_in_batches(
+    folder: RunFolder, stage: str, done: set[str], api: bool = False
+) -> tuple[set[str], int]:
     """`done`, and the rows whose requests are out in batches, or whose results are on disk
     and not merged yet (paid for: the batch road merges them and sends nothing for them), and
-    how many those are."""
+    how many those are. Requests never sent (not uploaded, or refused) are out only for the
+    Batch API's road (`api`), which sends them; another road drops them and does their rows."""
     ledger = Ledger(folder.batch_ledger(stage), folder.batch_tag(stage))
-    out = set(outstanding(ledger))  # the keys of the shards still waiting
+    shards = [shard for shard in ledger.waiting() if api or shard.sent]
+    out = set(outstanding(ledger, shards))  # the keys of the shards still waiting
     for path in ledger.held():  # results paid for, on disk: merged by the next run
         for identifier, _, _ in scan_results(path):
             parsed = parse_custom_id(identifier)
@@ -175,7 +179,7 @@ def estimate_generate(settings: Settings, given: Given, session: Session) -> lis
         done, per_call = done_rows(
             RunFolder(given.out).qa_dataset, plan.llm.model, plan.prompt.hash, inputs=plan.inputs
         )
-        done, out = out_in_batches(RunFolder(given.out), "generate", done)
+        done, out = out_in_batches(RunFolder(given.out), "generate", done, given.calls.batch)
         rows, tasks = plan.single_tasks(done)
         asked = [task for task in tasks if str(task.payload).strip()]
         prompts = [plan.messages(task) for task in asked]
@@ -254,7 +258,7 @@ def _answers(
     prompt = load_prompt(PROMPTS.get(context, "answer"), settings.prompts_dir)
     now = (lambda: {q.qa_id: q.input_hash for q in questions}) if real else None
     done, per_call = done_rows(RunFolder(given.out).answers, model, prompt.hash, inputs=now)
-    done, out = out_in_batches(RunFolder(given.out), "answer", done)
+    done, out = out_in_batches(RunFolder(given.out), "answer", done, given.calls.batch)
     pending = [question for question in questions if question.qa_id not in done]
     k = given.answering.k or DEFAULT_K
     copies = {AnswerContext.retrieved: k, AnswerContext.gold: 1}.get(context, 0)
@@ -288,7 +292,7 @@ def estimate_judge(settings: Settings, given: Given, session: Session) -> list[E
         done, per_call = done_rows(
             RunFolder(given.out).key_points, plan.llm.model, plan.prompt.hash
         )
-        done, out = out_in_batches(RunFolder(given.out), "key_points", done)
+        done, out = out_in_batches(RunFolder(given.out), "key_points", done, given.calls.batch)
         rows, tasks = plan.tasks(done)
         prompts = (plan.prompt.template.format_messages(**plan.prompt.fill(
             question=task.payload.question, ground_truth=task.payload.ground_truth
@@ -307,15 +311,14 @@ def stand_ins(exams: Exams) -> Exams:
 def _judge(settings: Settings, given: Given, exams: Exams, session: Session) -> list[Estimate]:
     folder = RunFolder(given.out)
     plan = JudgePlan(settings, given, exams.exams, session, exams.scale)
-    force = given.calls.force
-    graded = [_graded(plan, folder.judgments, "qa_id", "judge", settings, force)]
+    graded = [_graded(plan, folder.judgments, "qa_id", "judge", settings, given)]
     if not given.grading.controls:
         return graded
     controls = build_controls(
         sources_of(exams.exams), given.grading.controls, given.folder.seed, exams.scale
     )
     plan = ControlPlan(settings, given, controls, session, exams.scale)
-    controlled = _graded(plan, folder.controls, "control_id", "judge_controls", settings, force)
+    controlled = _graded(plan, folder.controls, "control_id", "judge_controls", settings, given)
     return [*graded, controlled]
 
 
@@ -334,11 +337,11 @@ def graded_rows(
 
 
 def _graded(
-    plan: JudgePlan, path: Path, key: str, stage: str, settings: Settings, force: bool
+    plan: JudgePlan, path: Path, key: str, stage: str, settings: Settings, given: Given
 ) -> Estimate:
     """`samples` calls for each task of a judge plan not done yet."""
-    done, per_call = graded_rows(plan, path, key, stage, force)
-    done, out = out_in_batches(RunFolder(path.parent), stage, done)
+    done, per_call = graded_rows(plan, path, key, stage, given.calls.force)
+    done, out = out_in_batches(RunFolder(path.parent), stage, done, given.calls.batch)
     rows, tasks = plan.tasks(done)
     graded = [task.payload for task in tasks if task.payload.question is not None]
     prompts = (plan.messages(exam) for exam in graded for _ in range(plan.samples))

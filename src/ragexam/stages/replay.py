@@ -36,7 +36,7 @@ from ragexam.io.batchfiles import (
     request_line,
     scan_results,
 )
-from ragexam.io.ledger import Ledger
+from ragexam.io.ledger import Ledger, ShardState
 from ragexam.llm.client import LLM, Reply
 from ragexam.llm.deferred import Deferred, Known, RowCalls, calls_of
 from ragexam.llm.prompts import Call
@@ -50,10 +50,10 @@ def token(call: int, digest: str) -> int:
     return (int(digest, 16) << 16) | (call & 0xFFFF)
 
 
-def outstanding(ledger: Ledger) -> dict[str, int]:
-    """The request each row has out, by its key, from the shards still waiting."""
+def outstanding(ledger: Ledger, shards: list[ShardState] | None = None) -> dict[str, int]:
+    """The request each row has out, by its key, from the shards still waiting (or these)."""
     out: dict[str, int] = {}
-    for shard in ledger.waiting():
+    for shard in ledger.waiting() if shards is None else shards:
         for identifier in read_ids(shard.ids):
             parsed = parse_custom_id(identifier)
             if parsed is not None:
