@@ -456,3 +456,22 @@ def test_a_refused_shard_made_again_unrecorded_is_found_not_paid_twice(
         assert batch_env.count() == 0
     sdk = openai.OpenAI(base_url=batch_env.base_url, api_key="test", max_retries=0)
     assert len(sdk.batches.list().data) == 2  # the refused one, and the one found again
+
+
+def test_results_of_another_model_stay_its_own_after_a_run_of_the_new_one_records_its_job(
+    batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # mini's batch out for 6 rows; a gpt-4o run sends the other 6 and is killed; the next
+    # gpt-4o run found the job recorded as gpt-4o's, and priced mini's results at gpt-4o's rate.
+    monkeypatch.setenv("RAGEXAM_JUDGE_MODEL", "gpt-4o-mini")
+    exam(tmp_path / "run", N)
+    assert killed_at("event:submitted", 1, *JUDGE, "--limit", "6") == KILLED
+    monkeypatch.setenv("RAGEXAM_JUDGE_MODEL", "gpt-4o")
+    assert killed_at("event:submitted", 1, *JUDGE) == KILLED
+    result = run_cli(*JUDGE)
+    assert result.exit_code == 0, result.output
+    asked = Counter(line.body["model"] for line in batch_env.batch_requests)
+    assert asked == {"gpt-4o-mini": 6, "gpt-4o": N}
+    record = record_of(tmp_path)
+    assert record["billed_elsewhere"]["gpt-4o-mini"]["calls"] == 6
+    assert record["calls"] == N

@@ -9,7 +9,7 @@ Paths inside the run folder are recorded relative to it, so that the folder may 
 named otherwise on the next run; others (a --batch-dir) are recorded resolved.
 
     shard      a request file written: its name, path, custom_ids file, lines, bytes, mode,
-               and the batch job's totals with its requests in
+               the model its requests ask, and the batch job's totals with its requests in
     uploaded   its file is at the endpoint (file_id)
     submitted  its batch exists (batch_id)
     resubmit   its batch was refused for now (the queue was full): submit the file again
@@ -58,6 +58,7 @@ class ShardState:
     refused: bool = False  # its last batch was refused (a full queue), none made since
     refused_ids: set[str] = field(default_factory=set)  # the batches the queue refused
     where: str | None = None  # the endpoint its batch was made at
+    model: str | None = None  # the model its requests ask (None in older ledgers)
 
     @property
     def sent(self) -> bool:
@@ -138,6 +139,7 @@ class Ledger:
             url = str(event.get("url") or "/v1/chat/completions")
             mode = str(event.get("mode") or "api")
             self.shards[name] = ShardState(name, path, ids, int(event["lines"]), url, mode)
+            self.shards[name].model = event.get("model")
             self.count += 1
         elif shard is not None and kind in SHARD_EVENTS:
             SHARD_EVENTS[kind](self, shard, event)

@@ -230,8 +230,7 @@ class BatchRoad:
         passed = Pass(self.runner, self.plan, self.ledger, index, self.out, folders, self.kind)
         passed.commit = partial(self._commit, seen or [])
         passed.max_lines = self.shard_lines
-        if self.asked_with[0] is not None and self.asked_with[0] != self.runner.stage.model:
-            passed.asked_of = self.asked_with[0]  # a job of another model was out: its results
+        passed.asked_of = self._other_model()
         passed.with_shard = self._with_shard
         try:
             await passed.run(done)
@@ -255,12 +254,23 @@ class BatchRoad:
         self.tidy()
         return passed
 
+    def _other_model(self) -> str | None:
+        """The model whose results no row uses were asked of, when it is not this run's: that
+        of shards still out or not merged (a job of another model), else the last job's."""
+        model, ledger = self.runner.stage.model, self.ledger
+        for shard in ledger.shards.values():
+            pending = shard.waiting or any(path not in ledger.merged for path in shard.results)
+            if pending and shard.model is not None and shard.model != model:
+                return shard.model
+        asked = self.asked_with[0]
+        return asked if asked is not None and asked != model else None
+
     def _what_changed(self) -> str:
         """Why results answer requests rows no longer make: the model or prompt the requests
         out were made with, when this run's differ; else what else may have changed."""
-        model, prompt = self.asked_with
+        model, prompt = self._other_model(), self.asked_with[1]
         stage = self.runner.stage
-        if model is not None and model != stage.model:
+        if model is not None:
             return f"they were asked of the model {model}; this run asks {stage.model}"
         method = self.plan.llm.method  # type: ignore[attr-defined]
         if method != self.method:

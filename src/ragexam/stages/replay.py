@@ -359,6 +359,7 @@ class Pass:
                     bytes=shard.size,
                     url=url,
                     mode=self.mode,
+                    model=self.runner.stage.model,
                     **self.with_shard(self, shard),
                 )
 
