@@ -722,7 +722,8 @@ def test_a_queue_that_stays_full_leaves_its_rows_to_the_sync_road(
     assert batch_env.count() == N and not batch_env.batch_requests
     again = judge()  # and --batch has nothing left to send: the refused shard was dropped
     assert again.exit_code == 0 and "nothing to do" in again.output
-    assert batches_made(batch_env) == 3 and not batch_env.batch_requests
+    # refused whole twice, then as two halves (refused alone again: halved), none run
+    assert batches_made(batch_env) == 4 and not batch_env.batch_requests
 
 
 def test_a_queue_that_stays_full_stops_the_stage_with_its_rows_still_to_do(
@@ -734,7 +735,7 @@ def test_a_queue_that_stays_full_stops_the_stage_with_its_rows_still_to_do(
     result = judge()
     assert result.exit_code == 4, result.output
     said = " ".join(result.output.split())
-    assert "queue of batches is full (token_limit_exceeded), 3 times in a row" in said
+    assert "queue of batches is full (token_limit_exceeded), 3 times in this run" in said
     assert "rerun later" in said and not judged(tmp_path)  # no row is made an error
     batch_env.batch.fail_validation = None
     assert judge().exit_code == 0

@@ -71,7 +71,9 @@ class Waiter:
         self.unsure = {  # a batch may have been made before its id was recorded
             s.name for s in road.ledger.waiting() if s.file_id and not s.batch_id and not s.refused
         }
-        self.refusals: dict[str, int] = {}
+        self.refusals = 0  # refusals while no other batch of ours ran, in this run
+        self.waits: dict[str, int] = {}  # refusals of each shard, each pausing longer
+        self.given_up: EndpointError | None = None  # the queue stayed full: the run stops
         self.pause_until = 0.0  # after a full queue, no submission before this
         self.unknown: set[str] = set()  # states met that OpenAI's Batch API does not have
 
@@ -132,6 +134,8 @@ class Waiter:
             if ended:
                 for shard, view in ended:
                     await self.collect(shard, view, running=len(views) > len(ended))
+                if self.given_up is not None:  # once every ended batch is recorded as it is
+                    raise self.given_up
                 return
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.poll)
@@ -166,7 +170,8 @@ class Waiter:
         if full:
             ledger = self.road.ledger
             ledger.record("resubmit", name=shard.name, reason=QUEUE_FULL)
-            lines = fitting(shard, view, alone=not running)  # running: other batches of ours
+            again = self.waits.get(shard.name, 0) > 0  # refused before in this run
+            lines = fitting(shard, view, alone=not running, again=again)  # running: ours
             if lines is not None:  # more than the queue ever holds: in smaller batches
                 self.road.split(shard, lines)
             self._refused_again(shard, view, counted=not running)
@@ -189,29 +194,33 @@ class Waiter:
         stop the run when the queue stayed full: the rows are not at fault, and stay to do.
         A refusal while batches of ours are in flight is not `counted`: ours fill the queue,
         and free it as they end."""
-        refusals = self.refusals[shard.name] = self.refusals.get(shard.name, 0) + counted
-        if refusals >= RESUBMITS:
-            raise EndpointError(
+        self.refusals += counted  # over the run: a shard cut smaller counts on
+        waits = self.waits[shard.name] = self.waits.get(shard.name, 0) + 1
+        if self.refusals >= RESUBMITS and self.given_up is None:
+            self.given_up = EndpointError(
                 f"the endpoint's Batch API refused batch {view.id} of {shard.name}: the "
-                f"organisation's queue of batches is full ({QUEUE_FULL}), {refusals} times in "
-                f"a row; rerun later: its {shard.lines} requests are kept, and sent then"
+                f"organisation's queue of batches is full ({QUEUE_FULL}), {self.refusals} times "
+                f"in this run with no other batch of ours in it; rerun later: its "
+                f"{shard.lines} requests are kept, and sent then"
             )
-        pause = self.poll * min(2 ** max(refusals - 1, 0), MAX_PAUSES)  # 10 minutes at most
+        pause = self.poll * min(2 ** (waits - 1), MAX_PAUSES)  # 10 minutes at most, by default
         self.pause_until = time.monotonic() + pause
 
 
-def fitting(shard: ShardState, view: BatchView, alone: bool) -> int | None:
+def fitting(shard: ShardState, view: BatchView, alone: bool, again: bool = False) -> int | None:
     """How many of a refused shard's requests a batch may hold for the queue ever to take it;
     None when the shard fits, and the queue is only full for now.
 
     OpenAI's refusal names the limit ("Limit: 2,000,000 enqueued tokens", a low tier's, below
     one shard of judge requests), Azure's too ("the configured limit of 30K"): a shard over it
-    is cut to fit, its tokens estimated from its bytes. Without a limit to read, a shard the
-    queue refused while it held no other batch of ours is halved."""
+    is cut to fit, its tokens estimated from its bytes. Without a limit to read, or refused
+    `again` though the estimate says it fits, a shard the queue refused while it held no
+    other batch of ours is halved."""
     said = " ".join(message for code, message, _ in view.errors if code == QUEUE_FULL)
     found = _LIMIT.search(said)
+    halved = max(shard.lines // 2, 1) if alone and shard.lines > 1 else None
     if found is None:
-        return max(shard.lines // 2, 1) if alone and shard.lines > 1 else None
+        return halved
     number, scale, unit = found.groups()
     limit = float(number.replace(",", "")) * {"k": 1e3, "m": 1e6}.get(scale.lower(), 1)
     if (unit or "").lower().startswith("request"):
@@ -220,8 +229,10 @@ def fitting(shard: ShardState, view: BatchView, alone: bool) -> int | None:
         need = shard.path.stat().st_size / BYTES_PER_TOKEN
     else:  # its file tidied away: only the lines are known
         return max(shard.lines // 2, 1) if alone and shard.lines > 1 else None
-    if need <= limit or shard.lines == 1:
+    if shard.lines == 1:
         return None
+    if need <= limit:  # it should fit: the queue is full for now, unless refused alone again
+        return halved if again else None
     return max(int(shard.lines * limit / need * FILL), 1)
 
 
