@@ -159,14 +159,15 @@ def test_invalid_first_replies_merged_first_do_not_make_the_valid_results_unusab
     assert "no longer make" not in result.output
 
 
+@pytest.mark.parametrize("rows", [3, N])
 def test_a_method_every_reply_fails_is_left_and_the_warning_says_so(
-    batch_env: FakeOpenAI, tmp_path: Path
+    batch_env: FakeOpenAI, tmp_path: Path, rows: int
 ) -> None:
     # Every json_schema reply is malformed, and tool calls are answered: the batch road leaves
     # the method once HELD_TRIES replies failed and none passed, and says why results went
     # unused (it blamed an input or OPENAI_BASE_URL).
     batch_env.responder = lambda body: Reply(content="{no") if "response_format" in body else None
-    exam(tmp_path / "run", N)
+    exam(tmp_path / "run", rows)  # 3: too few to reach 20 within a pass; the pass decides
     result = judge()
     assert result.exit_code == 0, result.output
     assert all(row["status"] == "ok" for row in judged(tmp_path).values())

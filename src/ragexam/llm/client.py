@@ -229,15 +229,19 @@ class LLM:
                 shaped = self._sent(conversation, schema, method)
                 raw = await self._send(runnable, shaped, (schema, method), limit)
             assert isinstance(raw, AIMessage)
+            batch = deferred.current()  # a batch result read again by a replayed row: booked once
+            booked = batch is None or batch.fresh
             try:
                 value = parse_structured(raw, schema, limit)
             except OutputError as exc:
-                if CUT_OFF not in exc.reason and self.choice.outcome(method, valid=False):
+                cut = CUT_OFF in exc.reason  # re-asked shorter: not the method's fault
+                if not cut and booked and self.choice.outcome(method, valid=False):
                     conversation[:] = messages  # the next method starts afresh
                     raise MethodRefused(exc.reason) from exc
                 conversation[:] = reask(messages, exc)
                 raise
-            self.choice.outcome(method, valid=True)
+            if booked:
+                self.choice.outcome(method, valid=True)
             return value, raw
 
         return await self._retrying(once, partial(self._sizes, messages))

@@ -233,8 +233,9 @@ class MethodChoice:
     back in JSON mode may fill a tool call's arguments correctly).
 
     On the batch road (`batched`), the replies come back all at once, for requests all made
-    under the method, and the first read are those the merge meets first: it is left for
-    invalid replies only after HELD_TRIES of them, none valid (fewer are asked again).
+    under the method, and the first read are those the merge meets first: within a pass it is
+    left for invalid replies only after HELD_TRIES of them, none valid; at the pass's end,
+    after OUTCOME_TRIES (pass_ended).
     """
 
     def __init__(self, method: StructuredMethod) -> None:
@@ -297,6 +298,14 @@ class MethodChoice:
         counts[method] = counts.get(method, 0) + 1
         failing = self._failing(method, self.invalid)
         return not valid and failing and self.method == method and self._switch(method)
+
+    def pass_ended(self) -> bool:
+        """On the batch road, once a pass has read all its results: leave the method when
+        OUTCOME_TRIES or more of its replies failed and none passed (the rule the sync road
+        applies to its first replies, here on the whole pass, not on the first read)."""
+        method = self.method
+        failing = not self.valid.get(method) and self.invalid.get(method, 0) >= OUTCOME_TRIES
+        return self.batched and failing and self._switch(method)
 
     def _failed(self, method: StructuredMethod, exc: Exception) -> None:
         if not says_unsupported(method, exc):

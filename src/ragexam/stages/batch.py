@@ -236,6 +236,7 @@ class BatchRoad:
             await passed.run(done)
         finally:
             self._count(passed)  # a pass stopped midway: what it did, for this run's record
+        self.plan.llm.choice.pass_ended()  # type: ignore[attr-defined]  # every result read
         for path, lines in passed.index.unread.items():  # results it was given, not merged
             one = lines == 1
             logger.warning(
