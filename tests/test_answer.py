@@ -170,13 +170,16 @@ def test_the_example_rag_callable_end_to_end(
     assert sum(row["target_rank"] != "" for row in rows) > 0
 
 
+def one_question(run: Path) -> None:
+    """An exam of one question, a, of chunk c0."""
+    write_qa(run / "qa_dataset.csv", [{"qa_id": "a", "chunk_id": "c0", "question": "q"}])
+
+
 def test_a_rag_module_that_fails_to_load_is_a_one_line_error(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:
     (tmp_path / "broken_rag.py").write_text("raise RuntimeError('no vector db at ./db')\n")
-    write_qa(
-        tmp_path / "run" / "qa_dataset.csv", [{"qa_id": "a", "chunk_id": "c0", "question": "q"}]
-    )
+    one_question(tmp_path / "run")
     result = run_cli("answer", "--out", "run", "--rag", "broken_rag:answer")
     assert result.exit_code == 2
     assert result.output == (
@@ -197,9 +200,7 @@ def test_a_rag_callable_that_cannot_take_the_question_alone_is_one_line_before_a
         "def fine(question, k=4, *rest, **options):\n"
         "    return 'an answer', []\n"
     )
-    write_qa(
-        tmp_path / "run" / "qa_dataset.csv", [{"qa_id": "a", "chunk_id": "c0", "question": "q"}]
-    )
+    one_question(tmp_path / "run")
     result = run_cli("answer", "--out", "run", "--rag", "two_args_rag:answer")
     assert result.exit_code == 2, result.output
     assert result.output == (
@@ -220,9 +221,7 @@ def test_a_rag_file_named_like_a_module_already_loaded_is_that_file(
     # sub/queue.py:answer was the standard library's queue: "queue has no callable 'answer'"
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "queue.py").write_text("def answer(question):\n    return 'A', []\n")
-    write_qa(
-        tmp_path / "run" / "qa_dataset.csv", [{"qa_id": "a", "chunk_id": "c0", "question": "q"}]
-    )
+    one_question(tmp_path / "run")
     result = run_cli("answer", "--out", "run", "--rag", "sub/queue.py:answer")
     assert result.exit_code == 0, result.output
     assert [row["answer"] for row in read_csv(tmp_path / "run" / "answers.csv")] == ["A"]
@@ -293,9 +292,7 @@ def test_a_rag_module_that_exits_at_import_is_a_one_line_error(
         "def answer(question):\n"
         "    return 'an answer', []\n"
     )
-    write_qa(
-        tmp_path / "run" / "qa_dataset.csv", [{"qa_id": "a", "chunk_id": "c0", "question": "q"}]
-    )
+    one_question(tmp_path / "run")
     result = run_cli("answer", "--out", "run", "--rag", "cli_rag:answer")
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()

@@ -706,15 +706,20 @@ def test_a_shard_more_than_the_queue_holds_goes_out_in_batches_that_fit(
     assert all(lines <= 5 for lines in ran.values()) and sum(ran.values()) == N
 
 
+def refused_for_good(batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """`judge --batch` on N rows against a queue that refuses every batch (3 refusals end it)."""
+    monkeypatch.setattr(batchwait, "RESUBMITS", 3)
+    batch_env.batch.fail_validation = "token_limit_exceeded"
+    exam(tmp_path / "run", N)
+    return judge()
+
+
 def test_a_queue_that_stays_full_leaves_its_rows_to_the_sync_road(
     batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Every batch was refused: nothing is out, nothing was paid. The sync road was refused
     # all the same, as if its requests were out in a batch to collect.
-    monkeypatch.setattr(batchwait, "RESUBMITS", 3)
-    batch_env.batch.fail_validation = "token_limit_exceeded"
-    exam(tmp_path / "run", N)
-    assert judge().exit_code == 4
+    assert refused_for_good(batch_env, tmp_path, monkeypatch).exit_code == 4
     dry = run_cli("judge", "--out", "run", "--controls", "0", "--dry-run")  # as the sync road
     assert f"judge: {N} rows to do" in " ".join(dry.output.split()), dry.output
     sync = run_cli("judge", "--out", "run", "--controls", "0")
@@ -730,10 +735,7 @@ def test_a_queue_that_stays_full_leaves_its_rows_to_the_sync_road(
 def test_a_queue_that_stays_full_stops_the_stage_with_its_rows_still_to_do(
     batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(batchwait, "RESUBMITS", 3)
-    batch_env.batch.fail_validation = "token_limit_exceeded"
-    exam(tmp_path / "run", N)
-    result = judge()
+    result = refused_for_good(batch_env, tmp_path, monkeypatch)
     assert result.exit_code == 4, result.output
     said = " ".join(result.output.split())
     assert "queue of batches is full (token_limit_exceeded), 3 times in this run" in said

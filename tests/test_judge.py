@@ -288,20 +288,25 @@ def test_the_error_rows_of_questions_taken_out_of_the_exam_are_not_counted(
     assert "nothing to do" in again.output
 
 
+def answered_exam(run: Path, n: int) -> Path:
+    """support.exam's n questions and answers, each answer recording what it was made from,
+    as `answer` writes it (the question, its ground truth and its chunk)."""
+    exam(run, n)
+    answers = read_csv(run / "answers.csv")
+    for row in answers:
+        i = row["qa_id"][1:]
+        row["input_hash"] = answer_hash(f"Question #{i}?", f"Truth #{i}.", (f"c{i}",))
+    write_dict_rows(run / "answers.csv", answers)
+    return run
+
+
 def test_an_answer_to_a_question_edited_since_is_not_graded_and_counts_pending(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:
     # Answers record what they were made from (answer's input_hash). The question of q1 is
     # edited afterwards: its answer was to another question. Graded against the new ground
     # truth, it passed for a current grade, and its old rank for a hit.
-    run = tmp_path / "run"
-    exam(run, 3)
-    answers = read_csv(run / "answers.csv")
-    for row in answers:
-        i = row["qa_id"][1:]
-        asked = (f"Question #{i}?", f"Truth #{i}.", (f"c{i}",))
-        row["input_hash"] = answer_hash(*asked)
-    write_dict_rows(run / "answers.csv", answers)
+    run = answered_exam(tmp_path / "run", 3)
     qa = read_csv(run / "qa_dataset.csv")
     qa[1]["question"] = "What does the handbook now say about #1?"
     write_dict_rows(run / "qa_dataset.csv", qa)
@@ -350,17 +355,11 @@ def test_an_empty_chunk_ids_cell_is_read_as_answer_reads_it(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:
     # chunk_ids "[]" with a chunk_id: answer's sources are the chunk_id, and so are judge's.
-    run = tmp_path / "run"
-    exam(run, 2)
+    run = answered_exam(tmp_path / "run", 2)
     qa = read_csv(run / "qa_dataset.csv")
     for row in qa:
         row["chunk_ids"] = "[]"
     write_dict_rows(run / "qa_dataset.csv", qa)
-    answers = read_csv(run / "answers.csv")
-    for row in answers:
-        i = row["qa_id"][1:]
-        row["input_hash"] = answer_hash(f"Question #{i}?", f"Truth #{i}.", (f"c{i}",))
-    write_dict_rows(run / "answers.csv", answers)
     result = run_cli("judge", "--out", "run", "--controls", "0")
     assert result.exit_code == 0 and "another version" not in result.output
     assert len(read_csv(run / "judgments.csv")) == 2
