@@ -267,6 +267,25 @@ def test_failed_lines_go_out_again_within_the_retry_budget(
     paid = lines_per_row(batch_env)
     assert (paid["q3"], paid["q5"], paid["q7"]) == (3, 2, 1)
     assert all(paid[f"q{i}"] == 1 for i in range(N) if i not in (3, 5, 7))
+    # each failed line counted once, as the sync road counts them (replays read them again)
+    assert manifest(tmp_path)["stages"]["judge"]["retries"] == 3  # q3 twice, q5 once
+
+
+def test_a_line_answered_429_is_counted_as_rate_limited_and_sent_again(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    seen: Counter[str] = Counter()
+
+    def limited_once(custom_id: str, body: str) -> int | None:
+        seen[custom_key(custom_id)] += 1
+        return 429 if custom_key(custom_id) == "q2" and seen["q2"] == 1 else None
+
+    batch_env.batch.fail_line_if = limited_once
+    exam(tmp_path / "run", N)
+    assert judge().exit_code == 0
+    assert all(row["status"] == "ok" for row in judged(tmp_path).values())
+    record = manifest(tmp_path)["stages"]["judge"]
+    assert (record["rate_limited"], record["retries"]) == (1, 0)
 
 
 def test_an_expired_batch_leaves_its_unrun_lines_to_the_next(

@@ -471,7 +471,11 @@ class LLM:
             self.reachability.failed(exc)
             if isinstance(exc, openai.APITimeoutError):
                 self.clock.timed_out()  # the server is slower than allowed for: allow more
+        batch = deferred.current()
+        first_read = batch is None or batch.fresh  # a batch result read again is counted once
         if limited:
+            if batch is not None and first_read:  # the sync road counts its 429s as it paces
+                self.pacer.traffic.rate_limited += 1
             delay = retry_after(exc)
             if delay is None:
                 backoff = self.backoff * 2**row.limited * random.uniform(0.5, 1.0)
@@ -488,7 +492,7 @@ class LLM:
         row.reason, delay = self._failure(exc, row.failures, row.tokens)
         if row.failures > self.max_retries:
             raise row.error(f"{row.reason} (after {row.calls} attempts)")
-        self.pacer.traffic.retries += 1
+        self.pacer.traffic.retries += first_read
         return delay
 
     def _bound_refused(self, exc: Exception) -> bool:
