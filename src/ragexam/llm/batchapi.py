@@ -242,4 +242,6 @@ class BatchApi:
                 "with --batch-dir DIR instead, for an engine that reads batch files "
                 "(vllm run-batch; docs/batch.md)"
             )
-        return EndpointError(f"the endpoint's Batch API failed: {reason}")
+        failed = EndpointError(f"the endpoint's Batch API failed: {reason}")
+        failed.status = getattr(exc, "status_code", None)  # type: ignore[attr-defined]
+        return failed

@@ -118,7 +118,8 @@ class Waiter:
             try:
                 views = [await self.api.retrieve(str(s.batch_id)) for s in shards]
             except EndpointError as exc:
-                self._check_where(shards)
+                if getattr(exc, "status", None) == 404:  # no such batch here: made elsewhere?
+                    self._check_where(shards)
                 failures += 1
                 if failures >= POLL_FAILURES:
                     raise EndpointError(
@@ -228,7 +229,7 @@ def fitting(shard: ShardState, view: BatchView, alone: bool, again: bool = False
     elif shard.path.exists():
         need = shard.path.stat().st_size / BYTES_PER_TOKEN
     else:  # its file tidied away: only the lines are known
-        return max(shard.lines // 2, 1) if alone and shard.lines > 1 else None
+        return halved
     if shard.lines == 1:
         return None
     if need <= limit:  # it should fit: the queue is full for now, unless refused alone again
