@@ -15,7 +15,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from ragexam.analysis.keypoints import marked_hash
-from ragexam.io.cells import id_list
+from ragexam.io.cells import id_list, question_chunks
 from ragexam.io.csvfile import unescape_cell
 from ragexam.io.fingerprint import answer_hash, input_hash
 from ragexam.io.runfolder import RunFolder, answered_as_it_is
@@ -145,11 +145,9 @@ def _columns(path: Path, names: list[str], needed: str | None = None) -> pd.Data
 
 
 def _sources(chunk: str, chunks: str) -> tuple[str, ...]:
-    """A question's source chunks, as `answer` reads them: chunk_ids, else chunk_id."""
-    listed = id_list(unescape_cell(chunks)) if chunks else None
-    if listed:  # an empty list is none, as Question.sources reads it: chunk_id then
-        return listed
-    return (unescape_cell(chunk),) if chunk else ()
+    """A question's source chunks, as `answer` reads them, from the cells as written."""
+    listed = (id_list(unescape_cell(chunks)) or ()) if chunks else ()
+    return question_chunks(unescape_cell(chunk), listed)
 
 
 def drop_stale(

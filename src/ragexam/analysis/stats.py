@@ -171,8 +171,8 @@ def _columns(
     answerable = kind_codes(questions) != KINDS.index(UNANSWERABLE)
     alone = np.bincount(groups[answerable], minlength=n) == 0  # unanswerable questions alone
     read = judged & answerable
-    completeness, conciseness = _read_from(questions, groups, n, read, alone, columns)
-    graded = np.where(alone, columns["n_judged"], np.bincount(groups[read], minlength=n))
+    completeness, conciseness, counted = _read_from(questions, groups, n, read, alone, columns)
+    graded = np.where(alone, columns["n_judged"], counted)  # what the diagnosis is read from
     columns.update(control_means(questions, groups[answerable], answerable, n, completeness))
     diagnosis = diagnose(completeness, conciseness, columns["hit_rate"], graded)
     low_conciseness = conciseness < LOW_CONCISENESS
@@ -187,11 +187,12 @@ def _read_from(
     answerable: BoolArray,
     alone: BoolArray,
     columns: Any,
-) -> tuple[FloatArray, FloatArray]:
-    """The completeness and conciseness a group's diagnosis is read from: its answerable
-    questions' (a right answer to an unanswerable one declines, and a decline states nothing:
-    its conciseness is 0, and its closed-book answer is right). A group with only unanswerable
-    questions is read by whether they were declined (completeness), and by no conciseness."""
+) -> tuple[FloatArray, FloatArray, IntArray]:
+    """The completeness and conciseness a group's diagnosis is read from, and how many graded
+    questions they are of: its `answerable` ones (a right answer to an unanswerable question
+    declines, and a decline states nothing: its conciseness is 0, and its closed-book answer is
+    right). A group with only unanswerable questions is read by whether they were declined
+    (completeness), and by no conciseness."""
     means = []
     counted = np.bincount(groups[answerable], minlength=n)
     for name in ("completeness", "conciseness"):
@@ -201,7 +202,7 @@ def _read_from(
     # a group of unanswerable questions alone is read by its declines; one whose answerable
     # questions are not graded yet has nothing to read (not judged), whatever its declines
     completeness = np.where(alone, columns["completeness_mean"], means[0])
-    return completeness, np.where(alone, np.nan, means[1])
+    return completeness, np.where(alone, np.nan, means[1]), counted
 
 
 def _retrieval(

@@ -41,3 +41,8 @@ def _array(cell: str) -> list[Any] | None:
     except ValueError:
         return None
     return value if isinstance(value, list) else None
+
+
+def question_chunks(chunk_id: str, chunk_ids: tuple[str, ...]) -> tuple[str, ...]:
+    """A question's source chunks: its chunk_ids, else its chunk_id (an empty list is none)."""
+    return chunk_ids or ((chunk_id,) if chunk_id else ())

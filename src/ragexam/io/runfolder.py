@@ -179,10 +179,10 @@ def _legacy_store(store: str) -> str:
     return str(Path(store).resolve())
 
 
-def file_identity(path: Path) -> list[int]:
+def file_identity(path: Path) -> tuple[int, int]:
     """What says a file is the same one: its size and modification time."""
     stat = path.stat()
-    return [stat.st_size, stat.st_mtime_ns]
+    return stat.st_size, stat.st_mtime_ns
 
 
 def answered_as_it_is(exam: Path, answers: Path) -> bool:
@@ -194,6 +194,6 @@ def answered_as_it_is(exam: Path, answers: Path) -> bool:
     if not isinstance(record, dict) or record.get("qa_dataset") != str(exam.resolve()):
         return False
     try:
-        return record.get("qa_dataset_read") == file_identity(exam)
+        return tuple(record.get("qa_dataset_read") or ()) == file_identity(exam)
     except OSError:
         return False

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ragexam.config import AnswerContext
+from ragexam.io.cells import question_chunks
 from ragexam.io.fingerprint import answer_hash, text_hash
 from ragexam.store.chroma import StoreRef, get_chunks, release
 
@@ -86,7 +87,7 @@ class Question:
     @property
     def sources(self) -> tuple[str, ...]:
         """The ids of every source chunk, best first as the exam lists them."""
-        return self.chunk_ids or ((self.chunk_id,) if self.chunk_id else ())
+        return question_chunks(self.chunk_id, self.chunk_ids)
 
     @property
     def input_hash(self) -> str:

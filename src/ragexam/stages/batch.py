@@ -26,7 +26,7 @@ from ragexam.config import Settings
 from ragexam.errors import ConfigError, EndpointError
 from ragexam.io.batchfiles import Shard, parse_custom_id, read_ids
 from ragexam.io.ledger import Ledger, ShardState
-from ragexam.io.runfolder import RunFolder
+from ragexam.io.runfolder import RunFolder, file_identity
 from ragexam.llm.transport import routable
 from ragexam.options import Given
 from ragexam.stages.batchwait import QUEUE_FULL, api_rounds
@@ -333,7 +333,7 @@ class BatchRoad:
         self.plan_calls_nothing()
         new = self._new_results(folder)
         # as they are before the pass reads them: lines the engine adds meanwhile are read next run
-        seen = [[path, *_identity(path)] for path in new]
+        seen = [[path, *file_identity(path)] for path in new]
         await self.round(folder / "requests", new, seen)
         if self.out:  # where the engine writes its results: `vllm run-batch -o` makes no folder
             (folder / "results").mkdir(parents=True, exist_ok=True)
@@ -344,7 +344,7 @@ class BatchRoad:
         """The files of DIR/results not merged yet, as they are now."""
         results = folder.resolve() / "results"
         found = sorted(p for p in results.glob("*") if p.is_file()) if results.is_dir() else []
-        return [path for path in found if self.ledger.seen.get(path) != _identity(path)]
+        return [path for path in found if self.ledger.seen.get(path) != file_identity(path)]
 
     def plan_calls_nothing(self) -> None:
         """--batch-dir calls no endpoint: not even to look the model up."""
@@ -418,9 +418,3 @@ def _requests(shard: ShardState) -> Iterator[tuple[str, int]]:
         parsed = parse_custom_id(identifier)
         if parsed is not None:
             yield parsed[3], token(parsed[1], parsed[2])
-
-
-def _identity(path: Path) -> tuple[int, int]:
-    """What says a result file is the one already merged: its size and modification time."""
-    stat = path.stat()
-    return stat.st_size, stat.st_mtime_ns

@@ -17,7 +17,7 @@ from typing import NamedTuple
 from ragexam.analysis.keypoints import merged_key_points, written_key_points
 from ragexam.config import Scale
 from ragexam.errors import ConfigError, InputFileError
-from ragexam.io.cells import KINDS, NOT_A_KIND, SINGLE, id_list
+from ragexam.io.cells import KINDS, NOT_A_KIND, SINGLE, id_list, question_chunks
 from ragexam.io.csvfile import read_columns
 from ragexam.io.fingerprint import answer_hash, input_hash
 from ragexam.io.runfolder import RunFolder, answered_as_it_is
@@ -143,8 +143,8 @@ def asked_now(qa: Mapping[str, Sequence[str]]) -> dict[str, str]:
     chunk, chunks = qa.get("chunk_id", [""] * size), qa.get("chunk_ids")
     hashes = {}
     for n, qa_id in enumerate(qa["qa_id"]):
-        listed = id_list(chunks[n]) if chunks is not None and chunks[n] else None
-        sources = listed or ((chunk[n],) if chunk[n] else ())  # as Question.sources: [] is none
+        listed = (id_list(chunks[n]) or ()) if chunks is not None and chunks[n] else ()
+        sources = question_chunks(chunk[n], listed)  # as answer reads them
         hashes[qa_id] = answer_hash(qa["question"][n], qa["ground_truth_answer"][n], sources)
     return hashes
 
