@@ -25,6 +25,7 @@ from support import (
     build_store,
     custom_key,
     docs,
+    edit_cell,
     exam,
     grade,
     ledger_events,
@@ -763,3 +764,85 @@ def test_a_queue_that_stays_full_stops_the_stage_with_its_rows_still_to_do(
     assert judge().exit_code == 0
     assert all(row["status"] == "ok" for row in judged(tmp_path).values())
     assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}
+
+
+def in_flight(sdk: openai.OpenAI) -> frozenset[str]:
+    """The stages (batch tags) whose batches the server has not ended."""
+    batches = sdk.batches.list(limit=100).data
+    return frozenset(
+        (batch.metadata or {})["ragexam_shard"].rsplit("-", 1)[0]
+        for batch in batches
+        if batch.status not in batchwait.TERMINAL
+    )
+
+
+def stepped(server: FakeOpenAI, thread: threading.Thread) -> list[frozenset[str]]:
+    """Run the batches a step at a time until the command ends: the stages in flight together
+    at each step."""
+    sdk = openai.OpenAI(base_url=server.base_url, api_key="test", max_retries=0)
+    seen = []
+    while thread.is_alive():
+        time.sleep(0.1)  # whatever the command sends at once is out by then
+        seen.append(in_flight(sdk))
+        server.advance_batches(1)
+    return seen
+
+
+def test_the_grades_and_controls_batches_run_at_once_and_report_as_one_run(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    batch_env.batch.manual = True
+    exam(tmp_path / "run", 4)
+    thread, results = run_in_thread("judge", "--out", "run", "--controls", "1", "--batch")
+    together = stepped(batch_env, thread)
+    thread.join(30)
+    output = results[0].output
+    assert results[0].exit_code == 0, output
+    assert {"judge", "judge_controls"} in together  # neither waited for the other's turn
+    stages = manifest(tmp_path)["stages"]
+    for stage in ("judge", "judge_controls"):
+        record = stages[stage]
+        assert record["status"] == "finished" and record["rows_ok"] > 0, stage
+        assert record["batch"]["runs"] == 1 and record["batch"]["batches"] == 1, stage
+    said = " ".join(output.split())
+    assert said.count("batches: 1 made") == 2 and "runs of this batch job" not in said
+    assert said.count("judge: 4 ok") == 1 and said.count("judge controls: 8 ok") == 1
+    assert Counter(custom_key(line.custom_id) for line in batch_env.batch_requests).total() == 12
+
+
+def test_run_sends_the_answers_of_its_control_runs_at_once_then_their_judges(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    store = build_store(tmp_path / "store", docs(3))
+    batch_env.embedding_dim = 16
+    batch_env.batch.manual = True
+    thread, results = run_in_thread(
+        "run", "--chroma", str(store), "--out", "run", "--embedding", "openai:e",
+        "--controls", "1", "--control-runs", "--batch",
+    )  # fmt: skip
+    together = stepped(batch_env, thread)
+    thread.join(30)
+    assert results[0].exit_code == 0, results[0].output
+    waves = [stages for stages in dict.fromkeys(together) if len(stages) > 1]
+    assert {"answer", "gold.answer", "closed_book.answer"} in waves
+    assert {"judge", "judge_controls", "gold.judge", "closed_book.judge"} in waves
+    for folder in ("run", "run/gold", "run/closed_book"):
+        rows = read_csv(tmp_path / folder / "judgments.csv")
+        assert len(rows) == 3 and all(row["status"] == "ok" for row in rows)
+    assert batch_env.count() == 0 and (tmp_path / "run" / "summary.csv").exists()
+
+
+def test_rows_redone_after_an_edit_are_said_when_the_grades_go_out_beside_the_controls(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    exam(tmp_path / "run", 4)
+    args = ("judge", "--out", "run", "--controls", "1", "--batch")
+    assert run_cli(*args).exit_code == 0
+    edit_cell(tmp_path / "run" / "answers.csv", "q0", "answer", "Another answer.")
+    result = run_cli(*args)  # the send phase finds the edit: the run that waits says it
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "judge: 1 ok, 0 errors this run (3 " in said and "1 rows redone" in said
+    assert "judge controls: nothing to do (8 rows done before)" in said
+    record = manifest(tmp_path)["stages"]["judge"]
+    assert record["rows_redone"] == 1 and record["rows_done_before"] == 3

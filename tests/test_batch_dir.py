@@ -189,20 +189,27 @@ def test_judge_writes_the_controls_requests_beside_the_grades(
     assert len(read_csv(tmp_path / "run" / "judge_controls.csv")) == 16
 
 
-def test_run_stops_at_the_first_stage_that_waits(env: FakeOpenAI, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("options", "trips"),
+    [
+        (["--controls", "0"], [["generate"], ["answer"], ["judge"], []]),
+        (  # the control runs' answers need only the exam, their judges only their answers
+            ["--controls", "1", "--control-runs"],
+            [
+                ["generate"],
+                ["answer", "closed_book.answer", "gold.answer"],
+                ["closed_book.judge", "gold.judge", "judge", "judge_controls"],
+                [],
+            ],
+        ),
+    ],
+)
+def test_run_stops_at_the_first_stages_that_wait_each_asked_once(
+    env: FakeOpenAI, tmp_path: Path, options: list[str], trips: list[list[str]]
+) -> None:
     store = build_store(tmp_path / "store", docs(6))
     env.embedding_dim = 16
-    args = [
-        "run",
-        "--chroma",
-        str(store),
-        "--out",
-        "run",
-        "--controls",
-        "0",
-        "--batch-dir",
-        "files",
-    ]
+    args = ["run", "--chroma", str(store), "--out", "run", *options, "--batch-dir", "files"]
     args += ["--embedding", "openai:e"]
     stages = []
     for _ in range(4):
@@ -212,7 +219,7 @@ def test_run_stops_at_the_first_stage_that_waits(env: FakeOpenAI, tmp_path: Path
             break
         assert result.exit_code == WAITING, result.output
         run_batch_files(env, tmp_path / "files")
-    assert stages == [["generate"], ["answer"], ["judge"], []]
+    assert stages == trips
     assert result.exit_code == 0 and (tmp_path / "run" / "summary.csv").exists()
     assert env.count() == 0  # every chat call went through the files
     # each trip round the loop found the stages before its own finished: their records

@@ -20,8 +20,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -42,6 +44,7 @@ from ragexam.options import (
     hints,
     meta,
 )
+from ragexam.stages.runner import BatchesSent
 from ragexam.stages.session import Session, session_for
 from ragexam.stages.setup import settings_for
 
@@ -191,12 +194,14 @@ def _judge(given: Given, session: Session) -> Result:
     _say_scale(exams, written, session)
     if written is not None:
         _checked(_stage("key_points", "key_points", written, settings, session), settings)
-    result = run_judge(settings, given, session, exams)
-    graded = _stage("judge", "judgments", result, settings, session)
+    stages = [partial(run_judge, settings, given, session, exams)]
+    if given.grading.controls:  # beside the grades, not after them
+        stages.append(partial(run_controls, settings, given, session, exams))
+    done = _together(given, session, stages)
+    graded = _stage("judge", "judgments", done[0], settings, session)
     if not given.grading.controls:
         return _checked(graded, settings)
-    known = run_controls(settings, given, session, exams)  # beside the grades, not after them
-    checks = _stage("judge_controls", "controls", known, settings, session)
+    checks = _stage("judge_controls", "controls", done[1], settings, session)
     _waiting(graded, checks)
     verdict = read_verdict(given.out)
     if verdict is not None and not session.in_run:  # in `run`, stats says it beside the scores
@@ -205,6 +210,45 @@ def _judge(given: Given, session: Session) -> Result:
     _checked(graded, settings)
     figures = {**graded.figures, "controls": checks.figures}
     return Result({**graded.paths, **checks.paths}, figures, graded.detail)
+
+
+def _together(given: Given, session: Session, stages: Sequence[Callable[[], T]]) -> list[T]:
+    """Run stages that need nothing of each other. With --batch, each first sends its
+    batches, then each is run again to wait on them: their batches run at once, where one
+    after another each would wait its turn in the queue (up to the Batch API's 24 h). In a
+    send phase already (these stages are one of the stages of an outer group), they are only
+    sent. With --batch-dir, each writes its requests before the command exits for them all."""
+    if given.calls.batch_dir is not None:
+        return _written(stages)
+    if not given.calls.batch or (len(stages) < 2 and not session.sending):
+        return [stage() for stage in stages]
+    outer, before = session.sending, set(session.sent)
+    try:
+        with session.sending_first():
+            for stage in stages:
+                with suppress(BatchesSent):
+                    stage()
+        if outer:
+            raise BatchesSent
+        return [stage() for stage in stages]
+    finally:
+        if not outer:  # stopped between: a later command of the session owes them nothing
+            for path in set(session.sent) - before:
+                del session.sent[path]
+
+
+def _written(stages: Sequence[Callable[[], T]]) -> list[T]:
+    """--batch-dir: every stage writes its requests; then, if any wait, one BatchPending."""
+    done: list[T] = []
+    pending: list[BatchPending] = []
+    for stage in stages:
+        try:
+            done.append(stage())
+        except BatchPending as waiting:
+            pending.append(waiting)
+    if pending:
+        raise BatchPending(sum(waiting.waiting for waiting in pending), pending[0].folder)
+    return done
 
 
 def _say_scale(exams: Exams, written: StageResult | None, session: Session) -> None:
@@ -251,11 +295,7 @@ def _waiting(*results: Result) -> None:
     waiting = sum(int(batch.get("waiting") or 0) for batch in batches)
     if waiting:
         folder = next(str(batch["folder"]) for batch in batches if batch.get("folder"))
-        raise BatchPending(
-            f"{waiting} requests wait for their results: run each file of {folder}/requests/ "
-            f"(e.g. vllm run-batch -i {folder}/requests/FILE -o {folder}/results/FILE), then "
-            "rerun the same command (see docs/batch.md)"
-        )
+        raise BatchPending(waiting, folder)
 
 
 def _check_batch(given: Given) -> None:
@@ -393,16 +433,22 @@ def _stages(given: Given, session: Session) -> dict[str, Result]:
 
         check_inputs(settings_for(given, "answer"), given, session)  # before generate pays
         results["generate"] = _generate(given, session)
-    results["answer"] = _answer(given, session)
-    results["judge"] = _judge(given, session)
     folder = RunFolder(given.out)
     exam = given.inputs.qa_dataset or folder.qa_dataset
+    runs = {"": given}  # the run, then its control runs: each answers, then is judged
     for name in CONTROL_RUNS if given.grading.control_runs else ():
         where = folder.control_run(name).path
-        control = given.but(out=where, qa_dataset=exam, rag=None, context=CONTROL_RUNS[name])
-        results[f"answer_{name}"] = _answer(control, session)
-        # graded like the exam, less the context: the control runs are the other reading
-        results[f"judge_{name}"] = _judge(control.but(controls=0, with_context=False), session)
+        runs[f"_{name}"] = given.but(
+            out=where, qa_dataset=exam, rag=None, context=CONTROL_RUNS[name]
+        )
+    answers = _together(given, session, [partial(_answer, run, session) for run in runs.values()])
+    # a control run is graded like the exam, less the context: the other reading
+    judges = [
+        run if not name else run.but(controls=0, with_context=False) for name, run in runs.items()
+    ]
+    graded = _together(given, session, [partial(_judge, run, session) for run in judges])
+    for name, answered, judged in zip(runs, answers, graded, strict=True):
+        results[f"answer{name}"], results[f"judge{name}"] = answered, judged
     return results
 
 

@@ -164,6 +164,14 @@ class BatchPending(RagexamError):
     exit_code = 75
     label = "Waiting"
 
+    def __init__(self, waiting: int, folder: str) -> None:
+        self.waiting, self.folder = waiting, folder
+        super().__init__(
+            f"{waiting} requests wait for their results: run each file of {folder}/requests/ "
+            f"(e.g. vllm run-batch -i {folder}/requests/FILE -o {folder}/results/FILE), then "
+            "rerun the same command (see docs/batch.md)"
+        )
+
 
 class RunFolderBusy(RagexamError):
     """Another ragexam process holds the run folder's lock."""

@@ -79,8 +79,8 @@ async def drive(mode: BatchMode, runner: Runner, plan: Plan, progress: Progress 
     try:
         if mode.folder is not None:
             await road.files_round(mode.folder)
-        else:
-            await api_rounds(road)
+        else:  # in a send phase: as far as its batches are made (a later run waits)
+            await api_rounds(road, wait=not runner.sending)
         road.close_job()  # a stopped run records nothing more: a rerun goes on from its events
     finally:
         runner.outcome.batch = road.record()
@@ -112,7 +112,9 @@ class BatchRoad:
         self.shard_lines: int | None = None  # requests a shard holds at most, once a full
         # queue refused one: halved each time (None: as many as the Batch API takes)
         self.unsent = False  # rows whose shard was dropped: a pass must send them again
-        self.runs = 1  # this run counts among the job's (not when it only shows an ended one)
+        # this run counts among the job's (not when it only shows an ended one, nor when it
+        # waits on the batches this command's send phase made: one command, one run)
+        self.runs = int(runner.earlier is None)
         self.recorded = False  # the ledger's job counts this run: it recorded the job's totals
         self.before: dict[str, Any] = {}
         self.ended: dict[str, Any] = {}  # the job the last run ended, for a run with no work

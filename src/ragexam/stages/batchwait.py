@@ -42,8 +42,9 @@ RESUBMITS = 20  # a shard refused for a full queue this many times in one run: t
 MAX_PAUSES = 20  # the longest wait before a shard refused for a full queue goes out, in polls
 
 
-async def api_rounds(road: BatchRoad) -> None:
-    """Rounds until no shard waits: merge and send, submit, wait for a batch to end."""
+async def api_rounds(road: BatchRoad, wait: bool = True) -> None:
+    """Rounds until no shard waits: merge and send, submit, wait for a batch to end (or,
+    without `wait`, one round: its batches made, their requests counted as waiting)."""
     api = BatchApi(road.mode.settings)
     waiter = Waiter(road, api)
     first = True
@@ -56,6 +57,9 @@ async def api_rounds(road: BatchRoad) -> None:
                 first = road.unsent = False
             await waiter.submit()
             if not road.ledger.waiting():
+                return
+            if not wait:
+                road.waiting = len(road.out)
                 return
             await waiter.wait()
     finally:

@@ -133,6 +133,30 @@ class Outcome:
         """Requests still waiting for their batch results (--batch-dir)."""
         return int((self.batch or {}).get("waiting", 0))
 
+    def absorb(self, earlier: Outcome) -> None:
+        """Count in what this command's send phase did of the stage (a run that sent its
+        batches without waiting): one command, one account of the stage."""
+        self.done_before = earlier.done_before  # the rows it wrote are no rows done before
+        for name in ("redone", "dropped", "quarantined", "ok", "errors", "seconds"):
+            setattr(self, name, getattr(self, name) + getattr(earlier, name))
+        self.prompt_tokens += earlier.prompt_tokens
+        self.completion_tokens += earlier.completion_tokens
+        for reason, count in earlier.reasons.items():
+            self.reasons[reason] = self.reasons.get(reason, 0) + count
+
+
+class BatchesSent(Exception):  # no error: a signal to the send phase's caller
+    """A stage of a send phase ran as far as sending its batches: run again, it waits."""
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What a stage's run in a send phase did: the same command's next run of the stage
+    reports it as its own, and does not do again the rows it wrote (ok or not)."""
+
+    outcome: Outcome
+    keys: frozenset[str]
+
 
 @dataclass(frozen=True)
 class StageResult:
@@ -178,6 +202,7 @@ class Runner:
         force: bool = False,
         redact: Callable[[str], str] = str,
         progress: Progress | None = None,
+        earlier: Sent | None = None,
     ) -> None:
         self.stage = stage
         self.log = RowLog(stage.path, stage.all_columns())
@@ -190,6 +215,8 @@ class Runner:
         self._previous_errors: dict[str, Mapping[str, Any]] = {}
         self._started: set[str] = set()
         self._done: set[str] = set()
+        self.earlier = earlier  # this command's send phase of the stage, if it had one
+        self.sending = False  # a send phase: the batch road sends its batches, waits for none
 
     def resume(self, inputs: Callable[[], Mapping[str, str]] = dict) -> set[str]:
         """Load the output, keep its `ok` rows that are still current, return their keys.
@@ -219,8 +246,8 @@ class Runner:
         if len(ok) < len(rows):  # only to drop rows: a file of `ok` rows is appended to as it is
             self.log.keep({position[key] for key in ok})  # error rows go; they come back
         self.outcome.done_before = len(ok)
-        self._done = set(ok)
-        return set(ok)
+        self._done = set(ok) | (self.earlier.keys if self.earlier is not None else set())
+        return set(self._done)
 
     def finished(self) -> set[str]:
         """The rows this run is done with: `ok` before it, or written in it (ok or not)."""
@@ -396,7 +423,7 @@ def execute(
         if how.road is None:
             _refuse_while_batches_out(stage)
         try:
-            return _execute(stage, plan, record, how, progress)
+            return _execute(stage, plan, record, how, progress, session)
         finally:
             if session.endpoints.rates:  # for the next stage's command on this folder
                 with suppress(OutputFileError):
@@ -439,11 +466,23 @@ def batches_out(ledger: Ledger, out: list[ShardState]) -> ConfigError:
 
 
 def _execute(
-    stage: Stage, plan: Plan, record: dict[str, Any], how: RunSettings, progress: Progress | None
+    stage: Stage,
+    plan: Plan,
+    record: dict[str, Any],
+    how: RunSettings,
+    progress: Progress | None,
+    session: Session,
 ) -> Outcome:
+    earlier = session.sent.pop(stage.path, None)
     runner = Runner(
-        stage, concurrency=how.concurrency, force=how.force, redact=how.redact, progress=progress
+        stage,
+        concurrency=how.concurrency,
+        force=how.force,
+        redact=how.redact,
+        progress=progress,
+        earlier=earlier,
     )
+    runner.sending = session.sending
     done = runner.resume(plan.inputs)
     total, tasks = plan.tasks(done)
     update_manifest(how.out, stage.name, {**record, "status": "running"})
@@ -475,6 +514,8 @@ def _execute(
         status = "interrupted"
         raise
     finally:
+        if earlier is not None:
+            runner.outcome.absorb(earlier.outcome)
         runner.outcome.learned_rpm = traffic.learned_rpm
         runner.outcome.advised_rpm = traffic.advised_rpm()
         runner.outcome.carried = traffic.carried_rpm is not None
@@ -489,6 +530,9 @@ def _execute(
     unreached = llm.reachability.never_reached() if llm is not None else None
     if unreached is not None:  # a stage too small to meet the first-calls cut-off
         raise unreached
+    if session.sending:  # its batches are out: the command runs it again, to wait for them
+        session.sent[stage.path] = Sent(runner.outcome, frozenset(runner.finished()))
+        raise BatchesSent
     return runner.outcome
 
 

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ragexam.analysis.verdict import Verdict
     from ragexam.llm.prices import Price, RunCost
     from ragexam.stages.dryrun import Estimate
-    from ragexam.stages.runner import Progress, StageResult
+    from ragexam.stages.runner import Progress, Sent, StageResult
 
 
 class Observer:
@@ -70,6 +70,17 @@ class Observer:
         """A labels template written."""
 
 
+class Sending(Observer):
+    """What a send phase shows: each stage's bar, while its requests go out; nothing else."""
+
+    def __init__(self, shown: Observer) -> None:
+        self.shown = shown
+
+    def progress(self, stage: str) -> AbstractContextManager[Progress | None]:
+        """The stage's bar, as the command shows it."""
+        return self.shown.progress(stage)
+
+
 @dataclass
 class Session:
     """One command's shared state: locks held, snapshots, the endpoint, and its observer."""
@@ -79,6 +90,24 @@ class Session:
     snapshots: Snapshots = field(default_factory=Snapshots)
     endpoints: EndpointMemory = field(default_factory=EndpointMemory)
     in_run: bool = False  # the stages belong to one `run`: its verdict is said once, by stats
+    # A send phase (`sending_first`): each stage run sends its batches and raises BatchesSent;
+    # what it did waits in `sent`, by output, for the run of the stage that waits on them.
+    sending: bool = False
+    sent: dict[Path, Sent] = field(default_factory=dict)
+
+    @contextmanager
+    def sending_first(self) -> Iterator[None]:
+        """A send phase: the stages run now send their batches and wait for none, so that
+        independent stages' batches run at once; their bars show, what they say is said by
+        the runs that wait. Nested, the outer phase goes on."""
+        if self.sending:
+            yield
+            return
+        observer, self.observer, self.sending = self.observer, Sending(self.observer), True
+        try:
+            yield
+        finally:
+            self.observer, self.sending = observer, False
 
     def holding(self, out: Path) -> AbstractContextManager[None]:
         """Hold the run folder's lock for this session (once, however many stages take it)."""
