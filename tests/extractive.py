@@ -6,7 +6,8 @@ real corpus (examples/corpus) through the test server. The writer asks about a c
 sentence (both chunks' for a multi-hop question; for an unanswerable one, its subject in a
 place the corpus never mentions); the answerer copies the context's sentences that share words
 with the question, or declines; the judge finds a key point present when the answer holds most
-of its words. Set `respond` as FakeOpenAI.responder.
+of its words; the check of an unanswerable question finds it answered when the answerer would
+copy a sentence. Set `respond` as FakeOpenAI.responder.
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ def respond(body: dict[str, Any]) -> Reply | None:
         return Reply(content=answer(section(user, "question"), chunks))
     if system.startswith("You mark an answer against a marking scheme"):
         return Reply(content=mark(section(user, "key_points"), section(user, "answer")))
+    if system.startswith("You check whether passages of a documentation answer"):
+        found = answer(section(user, "question"), chunks)  # what the answerer would copy
+        quote = "" if found == NOT_THERE else found
+        return Reply(content=json.dumps({"quote": quote, "answered": bool(quote)}))
     return None
 
 

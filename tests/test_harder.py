@@ -114,10 +114,13 @@ def test_an_unanswerable_question_is_kept_when_the_nearest_chunks_do_not_answer_
         checks = json.loads(row["verification"])
         assert checks["seed"] == f"c{d}-{i - MISSING}"
         (nearest,) = checks["checks"]
-        assert nearest["key_points"] == ["present"] and len(nearest["chunks"]) == 5
+        assert nearest["answered"] is False and nearest["quote"] == ""
+        assert len(nearest["chunks"]) == 5
     (dropped,) = read_csv(out / "dropped_questions.csv")
-    assert dropped["reason"] == "answered from the nearest chunks"
+    assert dropped["reason"] == "answered by the nearest chunks"
     assert records(dropped["question"]) == [(0, 0)]  # the seed the store answers
+    (reading,) = json.loads(dropped["verification"])["checks"]
+    assert reading["answered"] is True and reading["quote"] == "fact0x0a, fact0x0b, fact0x0c"
 
 
 def test_verification_calls_are_recorded_and_priced(
@@ -213,18 +216,20 @@ def test_the_dry_run_counts_the_calls_a_run_without_drops_makes(
     generate(env, tmp_path, clean, "--dry-run", *args)
     said = (tmp_path / "output.txt").read_text()
     assert env.count() == 0 and "generate multi-hop: 3 rows to do, 21 calls" in said
-    assert "generate unanswerable: 2 rows to do, 6 calls" in said
+    assert "generate unanswerable: 2 rows to do, 4 calls" in said
     generate(env, tmp_path, clean, *args)
-    assert env.count() == 8 + 21 + 6  # the single questions, then 7 and 3 calls a question
+    assert env.count() == 8 + 21 + 4  # the single questions, then 7 and 2 calls a question
     generate(env, tmp_path, clean, "--dry-run", *args)
     assert "generate multi-hop: 0 rows to do, 0 calls" in (tmp_path / "output.txt").read_text()
 
 
-def test_a_rag_system_that_makes_facts_up_is_caught(env: FakeOpenAI, tmp_path: Path) -> None:
-    out = generate(env, tmp_path, world(answered=set()), "--unanswerable", "4")
-    # The system under test makes up the facts of records that no chunk holds.
+def test_a_rag_system_that_makes_facts_up_is_caught_by_questions_its_model_wrote(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # The model makes up the facts of records that no chunk holds, when it writes the exam as
+    # when it answers: what the exam keeps depends on the store, not on the model declining.
     guessing = world(answered=set(), guesses={"a.md", "b.md"})
-    env.responder, env.embed = guessing.respond, guessing.embed
+    out = generate(env, tmp_path, guessing, "--unanswerable", "4")
     common = ("--out", str(out), "--embedding", "openai:fake-embed")
     assert run_cli("answer", "--chroma", str(tmp_path / "store"), *common).exit_code == 0
     assert run_cli("judge", "--out", str(out)).exit_code == 0

@@ -54,6 +54,7 @@ def test_every_stage_has_its_prompt_file() -> None:
         "judge",
         "judge_key_points",
         "key_points",
+        "verify_unanswerable",
     }
 
 

@@ -190,6 +190,8 @@ class World:
             question = section(user, "question")
             context = section(user, "context")
             return Reply(content=self.answer(question, context, self.forgets(question)))
+        if system.startswith("You check whether passages of a documentation answer"):
+            return Reply(content=self.read(section(user, "question"), section(user, "context")))
         if system.startswith("You answer questions from what you already know"):
             return Reply(content=self.recall(section(user, "question")))
         if system.startswith("You are a strict, fair grader"):
@@ -272,6 +274,15 @@ class World:
             return f"fact{d}x{i}a, fact{d}x{i}b and fact{d}x{i}c."  # made up: no chunk says so
         french = "Quels" in question
         return WORDS["fr" if french else "en"]["not_there"]
+
+    def read(self, question: str, context: str) -> str:
+        """The check of an unanswerable question: whether a chunk of the asked record answers
+        it (its facts quoted), whatever any answerer would say."""
+        tags = {match.group(0) for match in TAG.finditer(question)}
+        blocks = re.findall(CHUNK, context, re.DOTALL)
+        facts = [FACT.findall(block) for block in blocks if any(tag in block for tag in tags)]
+        quote = ", ".join(facts[0]) if facts else ""
+        return json.dumps({"quote": quote, "answered": bool(facts)})
 
     def recall(self, question: str) -> str:
         """Closed-book: the facts of a record of a known document, else "I don't know"."""

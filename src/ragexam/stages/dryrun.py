@@ -207,13 +207,15 @@ def harder_estimates(plan: GeneratePlan, done: set[str], settings: Settings) -> 
     verifier = plan.harder.verifier
     for kind, item in plan.harder.asked.items():
         picked = item.candidates[: item.quota.wanted]
-        checks = [prompt for c in picked for prompt in plan.harder.checks(c, filler)]
+        checks = [plan.harder.checks(candidate, filler) for candidate in picked]
+        answerer = [prompt for check in checks for prompt in check.answerer]
+        judge = [prompt for check in checks for prompt in check.judge]
         parts = [
             estimate(
                 "generate", plan.llm.model, len(picked), map(plan.harder.messages, picked), settings
             ),
-            estimate("answer", verifier.answerer.model, 0, checks[0::2], settings),
-            estimate("judge", verifier.judge.model, 0, checks[1::2], settings),
+            estimate("answer", verifier.answerer.model, 0, answerer, settings),
+            estimate("judge", verifier.judge.model, 0, judge, settings),
         ]
         costs = [part.cost_usd for part in parts]
         found.append(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from langchain_core.messages import BaseMessage
 from pydantic import Field
@@ -69,6 +69,13 @@ class KeyedQA(Written):
     )
 
 
+class Checks(NamedTuple):
+    """A candidate's verification prompts: the answerer's, and the judge model's."""
+
+    answerer: list[list[BaseMessage]]
+    judge: list[list[BaseMessage]]
+
+
 class Harder:
     """The multi-hop and unanswerable candidates of a generate run: tasks, work and records."""
 
@@ -94,7 +101,7 @@ class Harder:
 
     def salt(self, kind: str) -> tuple[str, ...]:
         """What a question of this kind is made with beside its chunks: prompts and models."""
-        return (self.prompts[kind].hash, self.llm.model, *self.verifier.fingerprint())
+        return (self.prompts[kind].hash, self.llm.model, *self.verifier.fingerprint(kind))
 
     def inputs(self) -> dict[str, str]:
         """The input hash of every candidate."""
@@ -182,20 +189,21 @@ class Harder:
             values = prompt.fill(chunk=texts[0], document=candidate.chunks[0].document)
         return prompt.template.format_messages(**values)
 
-    def checks(self, candidate: Candidate, filler: str) -> list[list[BaseMessage]]:
+    def checks(self, candidate: Candidate, filler: str) -> Checks:
         """The verification prompts of a candidate whose question, answer and key point are
-        `filler`, and whose checks all run (none fails early): for the dry run's estimate."""
+        `filler`, and whose checks all run (none fails early), by the model that reads them:
+        for the dry run's estimate."""
         texts = [chunk.text[: self.max_chars] for chunk in candidate.chunks]
-        if candidate.kind == MULTI_HOP:
-            contexts = [texts, texts[:1], texts[1:]]
-        else:  # the nearest chunks: as many as retrieved, each the seed's size
-            contexts = [texts * NEAREST]
+        if (
+            candidate.kind != MULTI_HOP
+        ):  # the nearest chunks: as many as retrieved, each the seed's size
+            return Checks([], [self.verifier.reading(filler, texts * NEAREST)])
         written = KeyedQA(question=filler, answer=filler, key_points=[filler])
-        return [
-            prompt
-            for context in contexts
-            for prompt in self.verifier.prompts(written, context, filler)
+        asked = [
+            self.verifier.prompts(written, context, filler)
+            for context in (texts, texts[:1], texts[1:])
         ]
+        return Checks([answer for answer, _ in asked], [judge for _, judge in asked])
 
     async def _verify(self, candidate: Candidate, written: KeyedQA, tally: Tally) -> Verdict:
         if candidate.kind == MULTI_HOP:

@@ -1,12 +1,18 @@
-"""Verifying harder questions with the answerer and the judge's verdicts on key points.
+"""Verifying harder questions: multi-hop ones with the answerer and the judge's verdicts on
+key points, unanswerable ones with the judge's reading of the store's chunks.
 
 A multi-hop question is kept when the answerer, given both its chunks, states every key point
 (none absent), and given either chunk alone leaves at least one out (absent): it needs both.
-An unanswerable question is kept when the answerer, given the store's nearest chunks to it,
-declines: its key point, that the documentation does not say, is present. The checks stop at
-the first that fails; each is an answer call (the answer prompt) and a judge call: the judge
-that grades by key points (marking.KeyPointGrader, one re-ask when its verdicts do not fit),
-recorded with its verdicts.
+Its checks stop at the first that fails; each is an answer call (the answer prompt) and a
+judge call: the judge that grades by key points (marking.KeyPointGrader, one re-ask when its
+verdicts do not fit), recorded with its verdicts.
+
+An unanswerable question is kept when the judge model, reading the store's chunks nearest to
+it, finds none that states its answer, even in part (one call, the verify_unanswerable
+prompt). Not when an answerer declines: that would keep only the questions a model declines,
+and drop those that lead it to make an answer up, which are the ones the question is there to
+catch; with the built-in answerer, the same model and chunks as the check's, the exam would
+find no made-up answer by construction.
 """
 
 from __future__ import annotations
@@ -15,9 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from langchain_core.messages import BaseMessage
+from pydantic import BaseModel, Field
 
 from ragexam.analysis.keypoints import dump
 from ragexam.config import Settings
+from ragexam.io.cells import UNANSWERABLE
 from ragexam.llm.client import LLM, Reply
 from ragexam.llm.prompts import Prompt, context_block, load_prompt
 from ragexam.rag.retrieval import Retriever
@@ -27,6 +35,33 @@ from ragexam.stages.session import Session
 
 PRESENT, ABSENT = "present", "absent"
 NEAREST = 5  # chunks an unanswerable question's answerer is given, as answer's default k
+
+
+class Answerability(BaseModel):
+    """What the check of an unanswerable question returns."""
+
+    quote: str = Field(
+        "",
+        description="The sentence of a passage stating the answer, word for word; empty if none.",
+    )
+    answered: bool = Field(
+        description="Whether any passage states the answer, in whole or in part."
+    )
+
+
+@dataclass(frozen=True)
+class Reading:
+    """The check of an unanswerable question: the nearest chunks, and whether they answer it."""
+
+    answered: bool
+    quote: str
+    chunks: tuple[str, ...]
+
+    def record(self) -> dict[str, Any]:
+        """What the row's `verification` keeps of it."""
+        return {"context": "nearest", "answered": self.answered, "quote": self.quote} | {
+            "chunks": list(self.chunks)
+        }
 
 
 class Written(Protocol):
@@ -60,7 +95,7 @@ class Verdict:
 
     kept: bool
     reason: str
-    checks: tuple[Check, ...]
+    checks: tuple[Check | Reading, ...]
 
 
 @dataclass
@@ -90,7 +125,10 @@ class Verifier:
         bound = settings.max_tokens_for("judge")
         judge = settings.model_for("judge")
         self.judge = LLM(settings, judge, temperature=0, max_tokens=bound, memory=memory)
-        self.retriever = retriever
+        self.retriever = retriever  # None: no unanswerable question asked, none to check
+        self.reader: Prompt | None = None
+        if retriever is not None:
+            self.reader = load_prompt("verify_unanswerable", settings.prompts_dir)
 
     async def pair(self, written: Written, texts: tuple[str, str], tally: Tally) -> Verdict:
         """Kept when both chunks answer it and neither alone does."""
@@ -104,15 +142,22 @@ class Verifier:
         return Verdict(True, "", tuple(checks))
 
     async def unanswerable(self, written: Written, tally: Tally) -> Verdict:
-        """Kept when the answerer, given the nearest chunks, declines."""
+        """Kept when the judge model finds that no chunk nearest to it answers it."""
         assert self.retriever is not None
         hits = (await self.retriever.retrieve([written.question]))[0]
         texts = [hit.text or "" for hit in hits]
-        check = await self.check("nearest", written, texts, tally)
-        check = Check(check.context, check.answer, check.verdicts, check.statements, _ids(hits))
-        if all(verdict == PRESENT for verdict in check.verdicts):
-            return Verdict(True, "", (check,))
-        return Verdict(False, "answered from the nearest chunks", (check,))
+        reply = await self.judge.structured(self.reading(written.question, texts), Answerability)
+        tally.add(reply)
+        reading = Reading(reply.value.answered, reply.value.quote, _ids(hits))
+        if reading.answered:
+            return Verdict(False, "answered by the nearest chunks", (reading,))
+        return Verdict(True, "", (reading,))
+
+    def reading(self, question: str, texts: list[str]) -> list[BaseMessage]:
+        """The prompt of the check of an unanswerable question."""
+        assert self.reader is not None
+        values = self.reader.fill(question=question, context=context_block(texts))
+        return self.reader.template.format_messages(**values)
 
     async def check(self, context: str, written: Written, texts: list[str], tally: Tally) -> Check:
         """The answerer given `texts`, and the judge's verdicts on its answer."""
@@ -131,20 +176,26 @@ class Verifier:
         points = dump(written.key_points)
         return Exam("", written.question, written.answer, answer, key_points=points)
 
-    def prompts(self, written: Written, texts: list[str], answer: str) -> list[list[BaseMessage]]:
-        """A check's two prompts, the answerer's and the judge's (for the dry run)."""
+    def prompts(
+        self, written: Written, texts: list[str], answer: str
+    ) -> tuple[list[BaseMessage], list[BaseMessage]]:
+        """A multi-hop check's two prompts, the answerer's and the judge's (for the dry run)."""
         values = self.answer_prompt.fill(question=written.question, context=context_block(texts))
         asked = self.answer_prompt.template.format_messages(**values)
-        return [asked, self.grader.messages(self.exam(written, answer))]
+        return asked, self.grader.messages(self.exam(written, answer))
 
-    def fingerprint(self) -> tuple[str, ...]:
-        """What a verdict depends on beside the question: the prompts and models."""
+    def fingerprint(self, kind: str) -> tuple[str, ...]:
+        """What a verdict on a question of this kind depends on beside it: prompts and models."""
+        if kind == UNANSWERABLE:
+            assert self.reader is not None
+            return (self.reader.hash, self.judge.model)
         prompts = (self.answer_prompt.hash, self.grader.prompt.hash)
         return (*prompts, self.answerer.model, self.judge.model)
 
     def prompt_hashes(self) -> dict[str, str]:
         """The prompts of the checks, by name."""
-        return {prompt.name: prompt.hash for prompt in (self.answer_prompt, self.grader.prompt)}
+        prompts = (self.answer_prompt, self.grader.prompt, self.reader)
+        return {prompt.name: prompt.hash for prompt in prompts if prompt is not None}
 
     def figures(self) -> dict[str, Any]:
         """Each model's calls and tokens, for the manifest and the price."""
