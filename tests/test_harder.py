@@ -242,6 +242,28 @@ def test_a_rag_system_that_makes_facts_up_is_caught_by_questions_its_model_wrote
     assert float(by_kind["single"]["completeness_mean"]) == 1.0  # what the store holds it knows
 
 
+def test_a_made_up_answer_to_an_unanswerable_question_is_lost_in_generation_not_retrieval(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    guessing = world(answered=set(), guesses={"a.md", "b.md"})
+    out = generate(env, tmp_path, guessing, "--unanswerable", "4")
+    common = ("--out", str(out), "--embedding", "openai:fake-embed")
+    assert run_cli("answer", "--chroma", str(tmp_path / "store"), *common).exit_code == 0
+    judge = ("judge", "--out", str(out), "--scale", "key-points", "--with-context")
+    assert run_cli(*judge).exit_code == 0
+    kinds = {row["qa_id"]: row["kind"] for row in read_csv(out / "qa_dataset.csv")}
+    rows = read_csv(out / "judgments.csv")
+    made_up = [row for row in rows if kinds[row["qa_id"]] == "unanswerable"]
+    assert len(made_up) == 4
+    for row in made_up:  # the judge found the point in no chunk: there is no answer to find
+        assert json.loads(row["key_point_context"]) == [False]
+        assert float(row["lost_in_generation"]) == 1.0 and float(row["lost_in_retrieval"]) == 0
+    assert run_cli("stats", "--out", str(out)).exit_code == 0
+    (overall,) = [row for row in read_csv(out / "summary.csv") if row["document"] == "ALL"]
+    assert float(overall["lost_in_retrieval"]) == 0.0  # every single question's chunk was found
+    assert float(overall["lost_in_generation"]) > 0
+
+
 def test_a_split_exam_splits_its_harder_questions_too(env: FakeOpenAI, tmp_path: Path) -> None:
     args = ("--validation", "0.5", "--multi-hop", "6", "--unanswerable", "4")
     out = generate(env, tmp_path, world(repeats=set(), invents=set(), answered=set()), *args)

@@ -103,7 +103,7 @@ class Grader(Protocol):
         """The grade when the opening call's valid reply is all it takes; None: more calls."""
         ...
 
-    def columns(self, samples: Sequence[Sample]) -> dict[str, Any]:
+    def columns(self, samples: Sequence[Sample], exam: Exam) -> dict[str, Any]:
         """The scale's own columns of the row, from its valid samples."""
         ...
 
@@ -149,7 +149,7 @@ class ScaleGrader:
             grade.completeness / divisor, grade.conciseness / divisor, grade.reasoning, (reply,)
         )
 
-    def columns(self, samples: Sequence[Sample]) -> dict[str, Any]:
+    def columns(self, samples: Sequence[Sample], exam: Exam) -> dict[str, Any]:
         """The first sample's reasoning."""
         return {"reasoning": samples[0].reasoning}
 

@@ -236,7 +236,7 @@ class JudgePlan:
 
     def finish(self, task: Task, samples: list[Sample], failure: LLMError | None) -> dict[str, Any]:
         """The row's values, from its valid samples (and why the others failed)."""
-        row = {**merged(samples), **self.grader.columns(samples)}
+        row = {**merged(samples), **self.grader.columns(samples, task.payload)}
         return {**row, "sample_error": failure.reason if failure else None}
 
     def opening(self, task: Task) -> Call | None:

@@ -29,6 +29,7 @@ from ragexam.analysis.keypoints import (
     parse_key_points,
 )
 from ragexam.errors import LLMError, OutputError, RowError
+from ragexam.io.cells import UNANSWERABLE
 from ragexam.llm.client import LLM, Reply
 from ragexam.llm.prompts import Call, Delimited, context_block, load_prompt, neutralise
 from ragexam.llm.structured import reask
@@ -147,7 +148,7 @@ class KeyPointGrader:
             completeness(verdicts), conciseness(statements), reading, tuple(replies), marks
         )
 
-    def columns(self, samples: Sequence[Sample]) -> dict[str, Any]:
+    def columns(self, samples: Sequence[Sample], exam: Exam) -> dict[str, Any]:
         """Verdicts (the samples' majority), evidence, statements and the samples' verdicts."""
         marks = [sample.marks for sample in samples]
         majority = majority_verdicts([[m.verdict for m in mark.key_points] for mark in marks])
@@ -167,7 +168,11 @@ class KeyPointGrader:
         if self.with_context:
             held = [mark.in_context for mark in chosen]
             columns["key_point_context"] = _json(held)
-            columns.update(losses(majority, held))
+            # No chunk holds the answer to an unanswerable question, and none can be retrieved:
+            # its point (that the documentation does not say) is lost when the answer makes
+            # one up, in generation, whatever the judge read in the chunks.
+            unanswerable = exam.kind == UNANSWERABLE
+            columns.update(losses(majority, [True] * len(held) if unanswerable else held))
         if len(samples) > 1:
             columns["key_point_samples"] = _json(
                 [[m.verdict for m in mark.key_points] for mark in marks]
