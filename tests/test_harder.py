@@ -223,15 +223,21 @@ def test_the_dry_run_counts_the_calls_a_run_without_drops_makes(
     assert "generate multi-hop: 0 rows to do, 0 calls" in (tmp_path / "output.txt").read_text()
 
 
-def test_a_rag_system_that_makes_facts_up_is_caught_by_questions_its_model_wrote(
-    env: FakeOpenAI, tmp_path: Path
-) -> None:
-    # The model makes up the facts of records that no chunk holds, when it writes the exam as
-    # when it answers: what the exam keeps depends on the store, not on the model declining.
+def answered_by_a_model_that_makes_facts_up(env: FakeOpenAI, tmp_path: Path) -> Path:
+    """A run of 4 unanswerable questions (and the single ones) whose model makes up the facts
+    of records that no chunk holds, when it writes the exam as when it answers; its folder."""
     guessing = world(answered=set(), guesses={"a.md", "b.md"})
     out = generate(env, tmp_path, guessing, "--unanswerable", "4")
     common = ("--out", str(out), "--embedding", "openai:fake-embed")
     assert run_cli("answer", "--chroma", str(tmp_path / "store"), *common).exit_code == 0
+    return out
+
+
+def test_a_rag_system_that_makes_facts_up_is_caught_by_questions_its_model_wrote(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # What the exam keeps depends on the store, not on the model declining.
+    out = answered_by_a_model_that_makes_facts_up(env, tmp_path)
     assert run_cli("judge", "--out", str(out)).exit_code == 0
     result = run_cli("stats", "--out", str(out))
     assert result.exit_code == 0, result.output
@@ -245,10 +251,7 @@ def test_a_rag_system_that_makes_facts_up_is_caught_by_questions_its_model_wrote
 def test_a_made_up_answer_to_an_unanswerable_question_is_lost_in_generation_not_retrieval(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:
-    guessing = world(answered=set(), guesses={"a.md", "b.md"})
-    out = generate(env, tmp_path, guessing, "--unanswerable", "4")
-    common = ("--out", str(out), "--embedding", "openai:fake-embed")
-    assert run_cli("answer", "--chroma", str(tmp_path / "store"), *common).exit_code == 0
+    out = answered_by_a_model_that_makes_facts_up(env, tmp_path)
     judge = ("judge", "--out", str(out), "--scale", "key-points", "--with-context")
     assert run_cli(*judge).exit_code == 0
     kinds = {row["qa_id"]: row["kind"] for row in read_csv(out / "qa_dataset.csv")}
