@@ -74,6 +74,7 @@ class BatchFaults:
     # The organisation's enqueued-token limit: a batch whose requests' bytes / 4 exceed it
     # fails validation with token_limit_exceeded, naming the limit as OpenAI does.
     queue_tokens: int | None = None
+    queue_shared: bool = False  # the limit holds the batches made before one, still in flight
 
 
 @dataclass

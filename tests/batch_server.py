@@ -176,6 +176,11 @@ class BatchServer:
                 if not self._changed.wait(deadline - time.monotonic()):
                     raise TimeoutError(f"batches did not take {steps} steps within 10 s")
 
+    def shard_of(self, batch_id: str) -> str:
+        """The ragexam shard a batch was made of (its metadata), for hooks that pick batches."""
+        with self._changed:
+            return str((self._batches[batch_id].metadata or {}).get("ragexam_shard", ""))
+
     # -- HTTP (handler threads) -----------------------------------------------------------------
 
     def route(self, method: str, rec: Recorded, raw: bytes) -> HttpReply:
@@ -357,7 +362,7 @@ class BatchServer:
         if knobs.fail_validation is not None and self._fails_validation():
             code = knobs.fail_validation
             errors = [batch_error(code, FAILURES.get(code, f"Injected failure ({code})."))]
-        elif knobs.queue_tokens is not None and len(batch.input) / 4 > knobs.queue_tokens:
+        elif knobs.queue_tokens is not None and self._queued(batch) / 4 > knobs.queue_tokens:
             model = lines[0]["body"].get("model") if lines else "fake-model"
             said = QUEUE_FULL.format(model=model, limit=knobs.queue_tokens)
             errors = [batch_error("token_limit_exceeded", said)]
@@ -369,6 +374,14 @@ class BatchServer:
             batch.lines = lines
             if batch.status != "cancelling":
                 batch.enter("in_progress")
+
+    def _queued(self, batch: _Batch) -> int:
+        """The bytes the queue would hold with this batch in: its own, and with `queue_shared`
+        those of the batches made before it and not ended (OpenAI counts every batch in flight)."""
+        with self._changed:
+            made = list(self._batches.values())
+        earlier = made[: made.index(batch)] if self.server.batch.queue_shared else []
+        return len(batch.input) + sum(len(b.input) for b in earlier if b.status not in TERMINAL)
 
     def _fails_validation(self) -> bool:
         """Whether this batch is one fail_validation fails (all, or the first count)."""

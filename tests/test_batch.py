@@ -34,6 +34,7 @@ from support import (
     read_csv,
     run_cli,
     wait_until,
+    write_dict_rows,
 )
 
 from ragexam.cli import display
@@ -724,6 +725,8 @@ def test_a_shard_more_than_the_queue_holds_goes_out_in_batches_that_fit(
     assert sizes[0] == N and sizes == sorted(sizes, reverse=True)  # cut, never grown again
     ran = Counter(line.batch_id for line in batch_env.batch_requests)
     assert all(lines <= 5 for lines in ran.values()) and sum(ran.values()) == N
+    assert manifest(tmp_path)["stages"]["judge"]["batch"]["requests"] == N  # not the refused
+    assert f"{N} requests sent, {N} merged" in said
 
 
 def refused_for_good(batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
@@ -804,6 +807,7 @@ def test_the_grades_and_controls_batches_run_at_once_and_report_as_one_run(
         record = stages[stage]
         assert record["status"] == "finished" and record["rows_ok"] > 0, stage
         assert record["batch"]["runs"] == 1 and record["batch"]["batches"] == 1, stage
+        assert record["batch"]["rounds"] == 2, stage  # one that sends, one that merges
     said = " ".join(output.split())
     assert said.count("batches: 1 made") == 2 and "runs of this batch job" not in said
     assert said.count("judge: 4 ok") == 1 and said.count("judge controls: 8 ok") == 1
@@ -846,3 +850,119 @@ def test_rows_redone_after_an_edit_are_said_when_the_grades_go_out_beside_the_co
     assert "judge controls: nothing to do (8 rows done before)" in said
     record = manifest(tmp_path)["stages"]["judge"]
     assert record["rows_redone"] == 1 and record["rows_done_before"] == 3
+
+
+def test_the_grades_are_recorded_and_said_when_the_controls_batch_cannot_be_waited_on(
+    batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "0")
+    monkeypatch.setenv("RAGEXAM_PRICE_INPUT", "2")
+    monkeypatch.setenv("RAGEXAM_PRICE_OUTPUT", "8")
+    server = batch_env.batches
+    batch_env.batch.retrieve_status = lambda batch_id, poll: (
+        503 if server.shard_of(batch_id).startswith("judge_controls") else None
+    )
+    exam(tmp_path / "run", 4)
+    result = run_cli("judge", "--out", "run", "--controls", "1", "--batch")
+    assert result.exit_code == 4, result.output  # the controls' batch goes on, out of sight
+    said = " ".join(result.output.split())
+    assert "judge: 4 ok" in said and "judge controls:" not in said
+    record = manifest(tmp_path)
+    assert record["stages"]["judge"]["cost_usd"] > 0 and record["cost_usd"] > 0
+
+
+def generated(server: FakeOpenAI, tmp_path: Path) -> tuple[Path, tuple[str, ...]]:
+    """An exam of a store of three documents, written through batches (exam/qa_dataset.csv),
+    and the options that answer it from that store through batches."""
+    store = build_store(tmp_path / "store", docs(3))
+    server.embedding_dim = 16
+    common = ("--chroma", str(store), "--embedding", "openai:e", "--batch")
+    assert run_cli("generate", "--out", "exam", *common).exit_code == 0
+    return tmp_path / "exam" / "qa_dataset.csv", common
+
+
+def test_run_writes_the_shared_key_points_once_then_sends_the_four_judges_at_once(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    exam_file, common = generated(batch_env, tmp_path)
+    write_dict_rows(exam_file, [{**row, "key_points": ""} for row in read_csv(exam_file)])
+    batch_env.batch.manual = True
+    thread, results = run_in_thread(
+        "run", "--qa-dataset", str(exam_file), "--out", "run", "--controls", "1",
+        "--control-runs", "--scale", "key-points", *common,
+    )  # fmt: skip
+    together = stepped(batch_env, thread)
+    thread.join(30)
+    assert results[0].exit_code == 0, results[0].output
+    waves = list(dict.fromkeys(stages for stages in together if stages))
+    assert waves.index(frozenset({"key_points"})) < waves.index(
+        frozenset({"judge", "judge_controls", "gold.judge", "closed_book.judge"})
+    )
+    said = results[0].output
+    assert said.count("they were written once into") == 1, said
+    for folder in ("run", "run/gold", "run/closed_book"):
+        rows = read_csv(tmp_path / folder / "judgments.csv")
+        assert len(rows) == 3 and all(json.loads(row["key_point_verdicts"]) for row in rows)
+
+
+def test_the_store_read_from_a_snapshot_is_said_once_when_the_answers_go_out_at_once(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    exam_file, common = generated(batch_env, tmp_path)
+    result = run_cli(
+        "run", "--qa-dataset", str(exam_file), "--out", "run", "--controls", "0",
+        "--control-runs", *common,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    store = tmp_path / "store"
+    assert result.output.count(f"reading a snapshot of {store}") == 1, result.output
+
+
+def test_an_error_row_of_an_earlier_run_is_retried_when_the_grades_go_out_beside_the_controls(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    exam(tmp_path / "run", 4)
+    args = ("judge", "--out", "run", "--controls", "1", "--batch")
+
+    def refuse_q1(body: dict[str, Any]) -> Reply | None:
+        return Reply(status=400) if number(body, "Question") == 1 else None
+
+    batch_env.responder = refuse_q1
+    assert run_cli(*args).exit_code == 1  # one error row in four
+    batch_env.responder = None
+    result = run_cli(*args)  # the send phase puts the error row back: the run that waits retries it
+    assert result.exit_code == 0, result.output
+    assert [row["status"] for row in judged(tmp_path).values()] == ["ok"] * 4
+    assert lines_per_row(batch_env)["q1"] == 2  # the 400, then once more: not every rerun
+    assert run_cli(*args).exit_code == 0 and lines_per_row(batch_env)["q1"] == 2
+
+
+def test_a_batch_refused_while_another_stages_filled_the_queue_is_sent_again_whole(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # The grades' and the controls' batches go out at once: a low tier's queue holds either,
+    # not both. The controls' refusal is the grades' doing: neither cut (its size estimated
+    # from its bytes, roughly, is over the limit) nor counted toward giving up.
+    exam(tmp_path / "run", 3)
+    args = ("judge", "--out", "run", "--controls", "1")
+    assert run_cli(*args, "--batch-dir", "d").exit_code == 75
+    size = {
+        path.name.split("-")[0]: path.stat().st_size
+        for path in (tmp_path / "d" / "requests").glob("*.jsonl")
+    }
+    shutil.rmtree(tmp_path / "d")
+    shutil.rmtree(tmp_path / "run" / "batches")
+    controls = size["judge_controls"] / 4  # what the server counts: the estimate is above it
+    batch_env.batch.queue_tokens = int(controls * 1.1)  # either fits alone, not both at once
+    assert (size["judge"] + size["judge_controls"]) / 4 > batch_env.batch.queue_tokens
+    batch_env.batch.queue_shared = batch_env.batch.manual = True
+    thread, results = run_in_thread(*args, "--batch")
+    stepped(batch_env, thread)
+    thread.join(30)
+    assert results[0].exit_code == 0, results[0].output
+    events = ledger_events(tmp_path / "run" / "batches" / "judge_controls.jsonl")
+    assert [e["event"] for e in events].count("resubmit") >= 1  # it was refused, once at least
+    assert "dropped" not in [e["event"] for e in events]
+    assert [e["lines"] for e in events if e["event"] == "shard"] == [8]
+    rows = read_csv(tmp_path / "run" / "judge_controls.csv")
+    assert len(rows) == 8 and all(row["status"] == "ok" for row in rows)

@@ -22,6 +22,7 @@ from support import (
     read_csv,
     run_batch_files,
     run_cli,
+    write_dict_rows,
 )
 
 from ragexam.stages.runner import Runner
@@ -228,6 +229,11 @@ def test_run_stops_at_the_first_stages_that_wait_each_asked_once(
     for stage in ("generate", "answer", "judge"):
         record = manifest["stages"][stage]
         assert record["calls"] > 0 and record["tokens_billed"]["prompt"] > 0, stage
+    for control_run in ("gold", "closed_book") if "--control-runs" in options else ():
+        manifest = json.loads((tmp_path / "run" / control_run / "manifest.json").read_text())
+        for stage in ("answer", "judge"):  # their answers were merged two trips before
+            record = manifest["stages"][stage]
+            assert record["tokens_billed"]["prompt"] > 0 and record["cost_usd"] > 0, stage
 
 
 def test_requests_out_in_a_folder_are_collected_from_it_not_elsewhere(
@@ -476,3 +482,33 @@ def test_a_job_begun_with_another_model_is_not_billed_as_this_one(
     rows = judged(tmp_path).values()
     assert {row["model"] for row in rows} == {record["model"]} == {"other-model"}
     assert record["tokens_billed"] == billed_by_rows(tmp_path)
+
+
+def test_run_writes_the_key_points_once_and_says_what_waits_once(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    store = build_store(tmp_path / "store", docs(3))
+    env.embedding_dim = 16
+    common = ("--chroma", str(store), "--embedding", "openai:e")
+    assert run_cli("generate", "--out", "exam", *common).exit_code == 0
+    exam_file = tmp_path / "exam" / "qa_dataset.csv"
+    write_dict_rows(exam_file, [{**row, "key_points": ""} for row in read_csv(exam_file)])
+    args = ["run", "--qa-dataset", str(exam_file), "--out", "run", "--controls", "1"]
+    args += ["--control-runs", "--scale", "key-points", "--batch-dir", "files", *common]
+    trips, said = [], []
+    for _ in range(5):
+        result = run_cli(*args)
+        trips.append(sorted({line["custom_id"].split("~")[0] for line in requests(tmp_path)}))
+        said.append(" ".join(result.output.split()))
+        if result.exit_code == 0:
+            break
+        assert result.exit_code == WAITING, result.output
+        run_batch_files(env, tmp_path / "files")
+    assert trips == [
+        ["answer", "closed_book.answer", "gold.answer"],
+        ["key_points"],  # the runs share them: written once, before any judge
+        ["closed_book.judge", "gold.judge", "judge", "judge_controls"],
+        [],
+    ]
+    assert said[1].count("key points: no row to write yet, 3 requests wait") == 1
+    assert "Waiting: 3 requests wait" in said[1]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import typer
-from openai_server import FakeOpenAI
+from openai_server import FakeOpenAI, Reply
 from support import build_store, docs, read_csv, run_cli
 
 import ragexam
@@ -68,3 +68,23 @@ def test_old_spellings_still_work_and_say_what_to_use(env: FakeOpenAI, tmp_path:
         whole = ragexam.run(store, controls=True, dry_run=True)
     assert "answer_gold" in {estimate["stage"] for estimate in whole.figures["estimates"]}
     assert env.count() == 0
+
+
+def test_without_batches_the_exams_grades_come_before_the_control_runs_answers(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    """On the sync road nothing is gained by answering the control runs first: a judge that
+    fails is met before they pay."""
+
+    def judge_refused(body: dict[str, object]) -> Reply | None:
+        system = str(body["messages"][0]["content"])  # type: ignore[index]
+        grader = system.startswith(("You are a strict, fair grader", "You mark an answer"))
+        return Reply(status=400) if grader else None
+
+    env.responder, env.embedding_dim = judge_refused, 16
+    store = build_store(tmp_path / "store", docs(3))
+    args = ("--chroma", str(store), "--out", "run", "--embedding", "openai:e", "--controls", "0")
+    result = run_cli("run", *args, "--control-runs")
+    assert result.exit_code == 1, result.output  # every grade an error row
+    assert len(read_csv(tmp_path / "run" / "answers.csv")) == 3
+    assert not (tmp_path / "run" / "gold" / "answers.csv").exists()

@@ -186,30 +186,45 @@ def _judge(given: Given, session: Session) -> Result:
 
         return _estimated(estimate_judge(settings, given, session), session, given)
     from ragexam.analysis.verdict import read_verdict
-    from ragexam.stages.exams import load_exams
     from ragexam.stages.judge import run_controls, run_judge
-    from ragexam.stages.keypoints import write_key_points
 
-    exams, written = write_key_points(settings, given, load_exams(given), session)
-    _say_scale(exams, written, session)
-    if written is not None:
-        _checked(_stage("key_points", "key_points", written, settings, session), settings)
-    stages = [partial(run_judge, settings, given, session, exams)]
-    if given.grading.controls:  # beside the grades, not after them
-        stages.append(partial(run_controls, settings, given, session, exams))
-    done = _together(given, session, stages)
-    graded = _stage("judge", "judgments", done[0], settings, session)
+    exams, written = _key_points(given, session)
+    if written is None:
+        _say_scale(exams, written, session)
+
+    def graded() -> Result:  # each recorded and said as soon as it is done
+        result = run_judge(settings, given, session, exams)
+        return _stage("judge", "judgments", result, settings, session)
+
+    def known() -> Result:
+        result = run_controls(settings, given, session, exams)
+        return _stage("judge_controls", "controls", result, settings, session)
+
     if not given.grading.controls:
-        return _checked(graded, settings)
-    checks = _stage("judge_controls", "controls", done[1], settings, session)
-    _waiting(graded, checks)
+        return _checked(graded(), settings)
+    grades, checks = _together(given, session, [graded, known])  # beside, not after them
+    _waiting(grades, checks)
     verdict = read_verdict(given.out)
     if verdict is not None and not session.in_run:  # in `run`, stats says it beside the scores
         session.observer.verdict(verdict)
     _checked(checks, settings)
-    _checked(graded, settings)
-    figures = {**graded.figures, "controls": checks.figures}
-    return Result({**graded.paths, **checks.paths}, figures, graded.detail)
+    _checked(grades, settings)
+    figures = {**grades.figures, "controls": checks.figures}
+    return Result({**grades.paths, **checks.paths}, figures, grades.detail)
+
+
+def _key_points(given: Given, session: Session) -> tuple[Exams, StageResult | None]:
+    """The exam to judge, with the key points it lacks written first when it is graded by
+    them (key_points.csv, which its control runs share); what writing them did, if it did."""
+    from ragexam.stages.exams import load_exams
+    from ragexam.stages.keypoints import write_key_points
+
+    settings = settings_for(given, "judge")
+    exams, written = write_key_points(settings, given, load_exams(given), session)
+    if written is not None:
+        _say_scale(exams, written, session)
+        _checked(_stage("key_points", "key_points", written, settings, session), settings)
+    return exams, written
 
 
 def _together(given: Given, session: Session, stages: Sequence[Callable[[], T]]) -> list[T]:
@@ -441,12 +456,22 @@ def _stages(given: Given, session: Session) -> dict[str, Result]:
         runs[f"_{name}"] = given.but(
             out=where, qa_dataset=exam, rag=None, context=CONTROL_RUNS[name]
         )
-    answers = _together(given, session, [partial(_answer, run, session) for run in runs.values()])
     # a control run is graded like the exam, less the context: the other reading
-    judges = [
-        run if not name else run.but(controls=0, with_context=False) for name, run in runs.items()
-    ]
-    graded = _together(given, session, [partial(_judge, run, session) for run in judges])
+    judges = {
+        name: run if not name else run.but(controls=0, with_context=False)
+        for name, run in runs.items()
+    }
+    if not (given.calls.batch or given.calls.batch_dir is not None):
+        for name, run in runs.items():  # the exam's grades first: a judge that fails, before
+            results[f"answer{name}"] = _answer(run, session)  # the control runs pay
+            results[f"judge{name}"] = _judge(judges[name], session)
+        return results
+    # Batched, each group's batches go out at once: the answers need only the exam, the
+    # judges only their answers and the key points (written first, once: the runs share them).
+    answers = _together(given, session, [partial(_answer, run, session) for run in runs.values()])
+    if len(runs) > 1:
+        _key_points(given, session)
+    graded = _together(given, session, [partial(_judge, run, session) for run in judges.values()])
     for name, answered, judged in zip(runs, answers, graded, strict=True):
         results[f"answer{name}"], results[f"judge{name}"] = answered, judged
     return results

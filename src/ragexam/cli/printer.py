@@ -44,6 +44,7 @@ class Printer(Observer):
 
     def __init__(self, collector: Collector | None = None) -> None:
         self.notes: list[str] = []
+        self.noted: set[str] = set()  # every note of the command: each is said once
         self.collector = collector
 
     def progress(self, stage: str) -> AbstractContextManager[Progress | None]:
@@ -65,7 +66,9 @@ class Printer(Observer):
     def note(self, text: str) -> None:
         """Said once the stage's bar is gone (or it is stopped); not before an error, which
         is one line."""
-        self.notes.append(text)
+        if text not in self.noted:
+            self.noted.add(text)
+            self.notes.append(text)
 
     def say_notes(self) -> None:
         """Say what was noted, once."""

@@ -91,6 +91,13 @@ class RunFolder:
         """Where the stage's shards, downloaded results and carried results are kept."""
         return self.path / BATCHES_DIR / self.batch_tag(stage)
 
+    def batch_ledgers(self) -> list[Path]:
+        """Every stage's batch ledger in this run and its control runs (whichever it is): the
+        stages a command may send at once."""
+        top = self.parent_run() or self
+        runs = [top, *(top.control_run(name) for name in CONTROL_RUNS)]
+        return [path for run in runs for path in sorted((run.path / BATCHES_DIR).glob("*.jsonl"))]
+
     def file(self, name: str) -> Path:
         """Any other file of the folder, by name (report.html, calibration.csv...)."""
         return self.path / name

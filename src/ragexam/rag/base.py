@@ -13,12 +13,15 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ragexam.config import AnswerContext
 from ragexam.io.cells import question_chunks
 from ragexam.io.fingerprint import answer_hash, text_hash
 from ragexam.store.chroma import StoreRef, get_chunks, release
+
+if TYPE_CHECKING:
+    from ragexam.llm.client import LLM
 
 
 @dataclass(frozen=True)
@@ -191,3 +194,11 @@ def answer_row(answer: str, hits: Sequence[Hit], ranks: Sequence[int | None]) ->
         "target_rank": min(found, default=None),
         "target_ranks": json.dumps(list(ranks)),
     }
+
+
+def chat_figures(llm: LLM) -> dict[str, Any]:
+    """The figures of an answerer of ragexam's own: chat calls made, and the tokens billed (on
+    the batch road: its job's, from every run of it, which the rows of this run alone do not
+    tell, so that the stage's record stays its cost)."""
+    figures = llm.figures()
+    return {name: figures[name] for name in ("calls", "tokens_billed")}

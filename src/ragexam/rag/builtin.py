@@ -10,7 +10,7 @@ from ragexam.llm.client import LLM
 from ragexam.llm.endpoint import EndpointMemory
 from ragexam.llm.failures import describe
 from ragexam.llm.prompts import Prompt, context_block, load_prompt
-from ragexam.rag.base import Hit, Question, RagSystem, source_ids, sources_of
+from ragexam.rag.base import Hit, Question, RagSystem, chat_figures, source_ids, sources_of
 from ragexam.rag.embedders import make_embedder
 from ragexam.rag.retrieval import Retriever
 from ragexam.store.chroma import StoreRef
@@ -86,10 +86,8 @@ class BuiltinRag(RagSystem):
         return {**super().describe(), "embedding_endpoint": self.retriever.embedder.endpoint}
 
     def figures(self) -> dict[str, Any]:
-        """Chat calls made, and the tokens billed (on the batch road: its job's, from every
-        run of it, which the rows of this run alone do not tell)."""
-        figures = self.llm.figures()
-        return {name: figures[name] for name in ("calls", "tokens_billed")}
+        """Chat calls made, and the tokens billed."""
+        return chat_figures(self.llm)
 
     async def aclose(self) -> None:
         """Close the chat model's and the embedder's connections, and the store's client."""

@@ -13,7 +13,7 @@ from ragexam.errors import RowError
 from ragexam.llm.client import LLM
 from ragexam.llm.endpoint import EndpointMemory
 from ragexam.llm.prompts import Prompt, context_block, load_prompt
-from ragexam.rag.base import Hit, Question, RagSystem, answer_row, sources_of
+from ragexam.rag.base import Hit, Question, RagSystem, answer_row, chat_figures, sources_of
 from ragexam.store.chroma import StoreRef
 
 PROMPTS = {AnswerContext.gold: "answer", AnswerContext.none: "answer_closed_book"}
@@ -72,8 +72,8 @@ class GivenContext(RagSystem):
         return {**answer_row(reply.value, hits, ranks), **reply.cost()}
 
     def figures(self) -> dict[str, Any]:
-        """Chat calls made."""
-        return {"calls": self.llm.calls}
+        """Chat calls made, and the tokens billed."""
+        return chat_figures(self.llm)
 
     async def aclose(self) -> None:
         """Close the chat model's connections and the store's client."""

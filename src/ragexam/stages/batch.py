@@ -112,6 +112,7 @@ class BatchRoad:
         self.shard_lines: int | None = None  # requests a shard holds at most, once a full
         # queue refused one: halved each time (None: as many as the Batch API takes)
         self.unsent = False  # rows whose shard was dropped: a pass must send them again
+        self.dropped = 0  # requests of shards dropped this run: sent again, not counted twice
         # this run counts among the job's (not when it only shows an ended one, nor when it
         # waits on the batches this command's send phase made: one command, one run)
         self.runs = int(runner.earlier is None)
@@ -305,10 +306,24 @@ class BatchRoad:
         self.direct = [self.direct[0] + passed.rendered, self.direct[1] + passed.read]
         self.shards += [shard.name for shard in passed.shards]
 
+    def siblings(self) -> list[ShardState]:
+        """The shards the other stages of this run and its control runs made batches of: sent
+        at once, they share the organisation's queue with this stage's."""
+        folder = RunFolder(self.runner.stage.path.parent)
+        ledgers = [Ledger(path, path.stem) for path in folder.batch_ledgers()]
+        return [
+            shard
+            for ledger in ledgers
+            if ledger.path != self.ledger.path
+            for shard in ledger.shards.values()
+            if shard.batch_id is not None and shard.mode == "api"
+        ]
+
     def split(self, shard: ShardState, lines: int) -> None:
         """Drop a shard the Batch API's queue can never hold: its rows go out again, by the
         next pass, in shards of at most `lines` requests."""
-        self.ledger.record("dropped", name=shard.name)
+        self.dropped += shard.lines
+        self.ledger.record("dropped", name=shard.name, job=self.totals())
         for key, request in _requests(shard):
             if self.out.get(key) == request:
                 del self.out[key]
@@ -393,7 +408,7 @@ class BatchRoad:
         this_run = {
             "runs": self.runs,
             "rounds": self.rounds,
-            "requests": self.sent,
+            "requests": self.sent - self.dropped,
             "results_merged": self.merged,
             # of those, rendered from the first call's form and read without replaying the work
             "requests_rendered": self.direct[0],

@@ -47,7 +47,7 @@ async def api_rounds(road: BatchRoad, wait: bool = True) -> None:
     without `wait`, one round: its batches made, their requests counted as waiting)."""
     api = BatchApi(road.mode.settings)
     waiter = Waiter(road, api)
-    first = True
+    first = road.runner.earlier is None  # else this command's send phase just made the pass
     try:
         while True:
             fresh = [path for shard in road.ledger.shards.values() for path in shard.results]
@@ -176,7 +176,9 @@ class Waiter:
             ledger = self.road.ledger
             ledger.record("resubmit", name=shard.name, reason=QUEUE_FULL)
             again = self.waits.get(shard.name, 0) > 0  # refused before in this run
-            lines = fitting(shard, view, alone=not running, again=again)  # running: ours
+            running = running or await self._crowded(view)
+            # while batches of ours filled the queue, it is theirs to clear: not cut
+            lines = None if running else fitting(shard, view, alone=True, again=again)
             if lines is not None:  # more than the queue ever holds: in smaller batches
                 self.road.split(shard, lines)
             self._refused_again(shard, view, counted=not running)
@@ -193,6 +195,26 @@ class Waiter:
         # when it ended, not when this run saw it: a rerun may collect it a day later
         at = view.ended_at if view.ended_at and view.ended_at >= view.created_at else now()
         self.road.ledger.record("ended", name=shard.name, status=view.status, files=files, at=at)
+
+    async def _crowded(self, refused: BatchView) -> bool:
+        """Whether a batch of another stage of this run (or of its control runs) was in the
+        queue when this one was refused: sent at once, they share it."""
+        at = refused.ended_at or time.time()
+        for shard in self.road.siblings():
+            if shard.refused or (shard.submitted_at or 0) > at or shard.batch_id is None:
+                continue
+            ended = shard.ended_at
+            if ended is None and shard.waiting:  # its stage has not collected it yet: look
+                try:
+                    view = await self.api.retrieve(shard.batch_id)
+                except EndpointError:
+                    continue
+                if view.status == "failed" and any(c == QUEUE_FULL for c, _, _ in view.errors):
+                    continue  # refused too: it held no place in the queue
+                ended = view.ended_at if view.ended else None
+            if ended is None or ended >= at:
+                return True
+        return False
 
     def _refused_again(self, shard: ShardState, view: BatchView, counted: bool) -> None:
         """Pause before a shard refused for a full queue goes out again (longer each time), or

@@ -352,7 +352,7 @@ class Runner:
         for key, row in self._previous_errors.items():
             if key not in self._started:
                 self.log.append(row)
-        self._started.update(self._previous_errors)
+        self._previous_errors = {}  # put back once; this run did not do them: a rerun retries
 
 
 def ok_row(values: dict[str, Any]) -> dict[str, Any]:

@@ -41,7 +41,8 @@ class Observer:
         return nullcontext()
 
     def note(self, text: str) -> None:
-        """One line worth saying once the stage's bar is gone (a store read from a copy)."""
+        """One line worth saying once the stage's bar is gone (a store read from a copy); the
+        same line noted again (by a stage run twice, or each run of `run`) is said once."""
 
     def stage_done(
         self, stage: str, result: StageResult, cost: float | None, price: Price | None
@@ -70,17 +71,6 @@ class Observer:
         """A labels template written."""
 
 
-class Sending(Observer):
-    """What a send phase shows: each stage's bar, while its requests go out; nothing else."""
-
-    def __init__(self, shown: Observer) -> None:
-        self.shown = shown
-
-    def progress(self, stage: str) -> AbstractContextManager[Progress | None]:
-        """The stage's bar, as the command shows it."""
-        return self.shown.progress(stage)
-
-
 @dataclass
 class Session:
     """One command's shared state: locks held, snapshots, the endpoint, and its observer."""
@@ -98,16 +88,16 @@ class Session:
     @contextmanager
     def sending_first(self) -> Iterator[None]:
         """A send phase: the stages run now send their batches and wait for none, so that
-        independent stages' batches run at once; their bars show, what they say is said by
-        the runs that wait. Nested, the outer phase goes on."""
+        independent stages' batches run at once (what a stage notes in both phases is said
+        once: the observer says a note once). Nested, the outer phase goes on."""
         if self.sending:
             yield
             return
-        observer, self.observer, self.sending = self.observer, Sending(self.observer), True
+        self.sending = True
         try:
             yield
         finally:
-            self.observer, self.sending = observer, False
+            self.sending = False
 
     def holding(self, out: Path) -> AbstractContextManager[None]:
         """Hold the run folder's lock for this session (once, however many stages take it)."""
