@@ -833,6 +833,9 @@ def test_run_sends_the_answers_of_its_control_runs_at_once_then_their_judges(
     for folder in ("run", "run/gold", "run/closed_book"):
         rows = read_csv(tmp_path / folder / "judgments.csv")
         assert len(rows) == 3 and all(row["status"] == "ok" for row in rows)
+        stages = json.loads((tmp_path / folder / "manifest.json").read_text())["stages"]
+        for stage in ("answer", "judge"):  # a pass that sends, one that merges: no more
+            assert stages[stage]["batch"]["rounds"] == 2, (folder, stage)
     assert batch_env.count() == 0 and (tmp_path / "run" / "summary.csv").exists()
 
 
