@@ -884,15 +884,22 @@ def generated(server: FakeOpenAI, tmp_path: Path) -> tuple[Path, tuple[str, ...]
     return tmp_path / "exam" / "qa_dataset.csv", common
 
 
+@pytest.mark.parametrize("fails", [False, True], ids=["every-key-point", "one-fails"])
 def test_run_writes_the_shared_key_points_once_then_sends_the_four_judges_at_once(
-    batch_env: FakeOpenAI, tmp_path: Path
+    batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: bool
 ) -> None:
     exam_file, common = generated(batch_env, tmp_path)
     write_dict_rows(exam_file, [{**row, "key_points": ""} for row in read_csv(exam_file)])
+    monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "0")
+    if fails:  # one question's key points fail for good: an error row, paid once, said once
+        first = read_csv(exam_file)[0]["qa_id"]
+        batch_env.batch.fail_line_if = lambda custom_id, body: (
+            400 if custom_id.startswith("key_points~") and custom_key(custom_id) == first else None
+        )
     batch_env.batch.manual = True
     thread, results = run_in_thread(
         "run", "--qa-dataset", str(exam_file), "--out", "run", "--controls", "1",
-        "--control-runs", "--scale", "key-points", *common,
+        "--control-runs", "--scale", "key-points", "--max-error-rate", "0.5", *common,
     )  # fmt: skip
     together = stepped(batch_env, thread)
     thread.join(30)
@@ -903,9 +910,13 @@ def test_run_writes_the_shared_key_points_once_then_sends_the_four_judges_at_onc
     )
     said = results[0].output
     assert said.count("they were written once into") == 1, said
+    assert len(re.findall(r"^key points: \d+ ok", said, re.MULTILINE)) == 1, said
+    asked = Counter(line.custom_id for line in batch_env.batch_requests)
+    assert all(times == 1 for custom_id, times in asked.items() if "key_points~" in custom_id)
     for folder in ("run", "run/gold", "run/closed_book"):
         rows = read_csv(tmp_path / folder / "judgments.csv")
-        assert len(rows) == 3 and all(json.loads(row["key_point_verdicts"]) for row in rows)
+        graded = [row for row in rows if row["status"] == "ok"]
+        assert len(graded) == 3 - fails and all(json.loads(r["key_point_verdicts"]) for r in graded)
 
 
 def test_the_store_read_from_a_snapshot_is_said_once_when_the_answers_go_out_at_once(
@@ -940,21 +951,26 @@ def test_an_error_row_of_an_earlier_run_is_retried_when_the_grades_go_out_beside
     assert run_cli(*args).exit_code == 0 and lines_per_row(batch_env)["q1"] == 2
 
 
+def request_bytes(tmp_path: Path, rows: int, args: tuple[str, ...]) -> dict[str, int]:
+    """The bytes of each stage's requests for an exam of `rows` (written once to files, then
+    forgotten): what a queue limit is set against."""
+    exam(tmp_path / "run", rows)
+    assert run_cli(*args, "--batch-dir", "d").exit_code == 75
+    requests = (tmp_path / "d" / "requests").glob("*.jsonl")
+    size = {path.name.split("-")[0]: path.stat().st_size for path in requests}
+    shutil.rmtree(tmp_path / "d")
+    shutil.rmtree(tmp_path / "run" / "batches")
+    return size
+
+
 def test_a_batch_refused_while_another_stages_filled_the_queue_is_sent_again_whole(
     batch_env: FakeOpenAI, tmp_path: Path
 ) -> None:
     # The grades' and the controls' batches go out at once: a low tier's queue holds either,
     # not both. The controls' refusal is the grades' doing: neither cut (its size estimated
     # from its bytes, roughly, is over the limit) nor counted toward giving up.
-    exam(tmp_path / "run", 3)
     args = ("judge", "--out", "run", "--controls", "1")
-    assert run_cli(*args, "--batch-dir", "d").exit_code == 75
-    size = {
-        path.name.split("-")[0]: path.stat().st_size
-        for path in (tmp_path / "d" / "requests").glob("*.jsonl")
-    }
-    shutil.rmtree(tmp_path / "d")
-    shutil.rmtree(tmp_path / "run" / "batches")
+    size = request_bytes(tmp_path, 3, args)
     controls = size["judge_controls"] / 4  # what the server counts: the estimate is above it
     batch_env.batch.queue_tokens = int(controls * 1.1)  # either fits alone, not both at once
     assert (size["judge"] + size["judge_controls"]) / 4 > batch_env.batch.queue_tokens
@@ -969,3 +985,42 @@ def test_a_batch_refused_while_another_stages_filled_the_queue_is_sent_again_who
     assert [e["lines"] for e in events if e["event"] == "shard"] == [8]
     rows = read_csv(tmp_path / "run" / "judge_controls.csv")
     assert len(rows) == 8 and all(row["status"] == "ok" for row in rows)
+
+
+ENDS = ("completed_at", "failed_at", "expired_at", "cancelled_at", "finalizing_at")
+
+
+def without_end_times(method: str, path: str, reply: HttpReply) -> HttpReply:
+    """A Batch API that says when a batch was made, never when it ended."""
+
+    def timeless(batch: Any) -> Any:
+        if isinstance(batch, dict) and batch.get("object") == "batch":
+            return {**batch, **dict.fromkeys(ENDS)}
+        return batch
+
+    payload = reply.payload
+    if not path.startswith("/v1/batches") or not isinstance(payload, dict):
+        return reply
+    if payload.get("object") == "list":
+        return replace(reply, payload={**payload, "data": [timeless(b) for b in payload["data"]]})
+    return replace(reply, payload=timeless(payload))
+
+
+def test_a_shard_the_queue_never_holds_is_cut_though_a_sibling_ended_without_a_time(
+    batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The controls' batch ended (uncollected: the grades are waited on first) and the endpoint
+    # gives no end times: it is no batch in the queue, and the grades' shard, refused alone,
+    # is cut to fit, not resubmitted whole for ever.
+    monkeypatch.setattr(batchwait, "RESUBMITS", 3)
+    args = ("judge", "--out", "run", "--controls", "1")
+    size = request_bytes(tmp_path, 40, args)
+    batch_env.batch.queue_tokens = int(size["judge"] / 4 / 2)  # the grades' never fit whole
+    assert size["judge_controls"] / 4 < batch_env.batch.queue_tokens
+    batch_env.batch.alter = without_end_times
+    thread, results = run_in_thread(*args, "--batch")
+    thread.join(30)
+    assert not thread.is_alive() and results[0].exit_code == 0, results and results[0].output
+    events = [e["event"] for e in ledger_events(tmp_path / "run" / "batches" / "judge.jsonl")]
+    assert "dropped" in events and events.count("resubmit") <= 3
+    assert all(row["status"] == "ok" for row in judged(tmp_path).values())

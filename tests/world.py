@@ -92,6 +92,8 @@ class World:
     invents: set[Record] = field(default_factory=set)
     answered: set[Record] = field(default_factory=set)
     guesses: set[str] = field(default_factory=set)  # documents whose missing records it makes up
+    # the check of unanswerable questions quotes the chunk that answers, yet says it does not
+    misreads: bool = False
 
     def __post_init__(self) -> None:
         self.names = list(self.documents)
@@ -277,12 +279,12 @@ class World:
 
     def read(self, question: str, context: str) -> str:
         """The check of an unanswerable question: whether a chunk of the asked record answers
-        it (its facts quoted), whatever any answerer would say."""
+        it (that chunk quoted), whatever any answerer would say."""
         tags = {match.group(0) for match in TAG.finditer(question)}
         blocks = re.findall(CHUNK, context, re.DOTALL)
-        facts = [FACT.findall(block) for block in blocks if any(tag in block for tag in tags)]
-        quote = ", ".join(facts[0]) if facts else ""
-        return json.dumps({"quote": quote, "answered": bool(facts)})
+        found = [block.strip() for block in blocks if any(tag in block for tag in tags)]
+        quote = found[0] if found else ""
+        return json.dumps({"quote": quote, "answered": bool(found) and not self.misreads})
 
     def recall(self, question: str) -> str:
         """Closed-book: the facts of a record of a known document, else "I don't know"."""

@@ -176,9 +176,10 @@ def _answer(given: Given, session: Session) -> Result:
     return _checked(_stage("answer", "answers", result, settings, session), settings)
 
 
-def _judge(given: Given, session: Session) -> Result:
+def _judge(given: Given, session: Session, key_points: bool = True) -> Result:
     """Write judgments.csv, and judge_controls.csv unless `controls=0`; an exam graded by key
-    points that lacks some gets them written once first (key_points.csv)."""
+    points that lacks some gets them written once first (key_points.csv), unless the caller
+    wrote them (`key_points` False: `run`, whose control runs share them)."""
     _check_batch(given)
     settings = settings_for(given, "judge")
     if given.calls.dry_run:
@@ -188,7 +189,12 @@ def _judge(given: Given, session: Session) -> Result:
     from ragexam.analysis.verdict import read_verdict
     from ragexam.stages.judge import run_controls, run_judge
 
-    exams, written = _key_points(given, session)
+    if key_points:
+        exams, written = _key_points(given, session)
+    else:
+        from ragexam.stages.exams import load_exams
+
+        exams, written = load_exams(given), None
     if written is None:
         _say_scale(exams, written, session)
 
@@ -469,9 +475,9 @@ def _stages(given: Given, session: Session) -> dict[str, Result]:
     # Batched, each group's batches go out at once: the answers need only the exam, the
     # judges only their answers and the key points (written first, once: the runs share them).
     answers = _together(given, session, [partial(_answer, run, session) for run in runs.values()])
-    if len(runs) > 1:
-        _key_points(given, session)
-    graded = _together(given, session, [partial(_judge, run, session) for run in judges.values()])
+    _key_points(given, session)  # once, whatever rows of it fail: each judge pays no more for it
+    grading = [partial(_judge, run, session, key_points=False) for run in judges.values()]
+    graded = _together(given, session, grading)
     for name, answered, judged in zip(runs, answers, graded, strict=True):
         results[f"answer{name}"], results[f"judge{name}"] = answered, judged
     return results

@@ -17,7 +17,9 @@ import json
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from pathlib import Path
+from typing import TypeVar
 
+from ragexam.io.cells import UNANSWERABLE
 from ragexam.io.csvfile import read_columns, read_rows
 from ragexam.io.fingerprint import input_hash
 from ragexam.io.manifest import read_manifest
@@ -152,3 +154,14 @@ def graded_by_key_points(folder: RunFolder) -> bool:
     with folder.judgments.open(encoding="utf-8-sig") as handle:
         header = handle.readline()
     return "key_point_verdicts" in header
+
+
+Held = TypeVar("Held", bool, bool | None)  # a reading of the chunks: known, or not
+
+
+def held_for_losses(held: Sequence[Held], kind: str) -> list[Held | bool]:
+    """Whether the retrieved chunks held each key point, as the losses read it: the judge's
+    reading, but for an unanswerable question, whose answer no chunk holds or can be
+    retrieved: a miss of its point (that the documentation does not say) is the answer's
+    making one up, lost in generation."""
+    return [True for _ in held] if kind == UNANSWERABLE else list(held)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ragexam.analysis.keypoints import CREDIT, BadKeyPoints, parse_key_points
+from ragexam.analysis.keypoints import CREDIT, BadKeyPoints, held_for_losses, parse_key_points
 from ragexam.io.csvfile import unescape_cell
 
 PER_DOCUMENT = 5
@@ -33,12 +33,15 @@ def most_missed(
         return pd.DataFrame(columns=[*COLUMNS, "missed"])
     judged = questions[questions["judged"].to_numpy(dtype=bool)]
     rows = []
-    for record in judged[["qa_id", "document", "question", "completeness"]].itertuples(False):
+    columns = ["qa_id", "document", "question", "completeness", "kind"]
+    for record in judged.reindex(columns=columns).itertuples(False):
         found = graded.get(str(record.qa_id))
         points = _points(key_points.get(unescape_cell(str(record.qa_id))))
         if found is None or points is None or len(points) != len(found[0]):
             continue
-        for point, verdict, loss, held in zip(points, *found, strict=True):
+        verdicts, losses, reading = found
+        where = held_for_losses(reading, str(record.kind))
+        for point, verdict, loss, held in zip(points, verdicts, losses, where, strict=True):
             if loss > 0:
                 rows.append((str(record.document), record.qa_id, record.question, point,
                              verdict, loss, held, record.completeness))  # fmt: skip

@@ -226,6 +226,10 @@ def load_questions(out: Path, *, texts: bool = False) -> pd.DataFrame:
         frame["declined"], frame["made_up"] = declines(judgments.values, unanswerable)
     if graded_by_key_points(folder):
         frame = frame.assign(**key_point_figures(folder.judgments, index, judgments.ok))
+        if unanswerable.any() and "kp_retrieval" in frame:  # as held_for_losses reads them,
+            lost = frame["kp_retrieval"].where(unanswerable, 0.0)  # rows graded before too
+            frame["kp_generation"] += lost
+            frame["kp_retrieval"] -= lost
     if texts:
         frame = frame.assign(**{name: qa[name] for name in TEXTS}, answer=answers.values["answer"])
     for name, control_run in folder.control_runs().items():  # `run --control-runs` made them

@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from ragexam.analysis.keypoints import held_for_losses
 from ragexam.analysis.summary import StatsResult
 from ragexam.report import page
 
@@ -53,7 +54,9 @@ def marked_points(row: dict[Any, Any]) -> str:
     if not points or not verdicts or len(points) != len(verdicts):
         return ""
     evidence = _list(row.get("key_point_evidence")) or [""] * len(points)
-    held = _list(row.get("key_point_context")) or [None] * len(points)
+    held = held_for_losses(
+        _list(row.get("key_point_context")) or [None] * len(points), str(row.get("kind", ""))
+    )
     items = []
     for point, verdict, quote, was in zip(points, verdicts, evidence, held, strict=False):
         sign, word = MARKS.get(str(verdict), ("?", str(verdict)))

@@ -211,8 +211,10 @@ class Waiter:
                     continue
                 if view.status == "failed" and any(c == QUEUE_FULL for c, _, _ in view.errors):
                     continue  # refused too: it held no place in the queue
-                ended = view.ended_at if view.ended else None
-            if ended is None or ended >= at:
+                if not view.ended:
+                    return True  # in the queue now: no end in sight for this one's refusals
+                ended = view.ended_at  # None: an endpoint that gives no times, ended long ago
+            if ended is not None and ended >= at:
                 return True
         return False
 

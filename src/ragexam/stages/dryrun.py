@@ -317,7 +317,7 @@ def _judge(settings: Settings, given: Given, exams: Exams, session: Session) -> 
     if not given.grading.controls:
         return graded
     controls = build_controls(
-        sources_of(exams.exams), given.grading.controls, given.folder.seed, exams.scale
+        sources_of(exams.exams, exams.scale), given.grading.controls, given.folder.seed, exams.scale
     )
     plan = ControlPlan(settings, given, controls, session, exams.scale)
     controlled = _graded(plan, folder.controls, "control_id", "judge_controls", settings, given)

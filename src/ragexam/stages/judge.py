@@ -77,15 +77,19 @@ def run_judge(settings: Settings, given: Given, session: Session, exams: Exams) 
     return StageResult(outcome, stage.path, exams.skipped, keys=keys)
 
 
-def sources_of(exams: list[Exam]) -> list[Source]:
-    """The questions controls can be built from: those with a question and ground truth, and
-    single ones (else multi-hop ones). To an unanswerable question "I don't know" is the right
-    answer, not a control's wrong one; and a multi-hop question's ground truth holds facts of
-    another document, so it is no wrong answer there."""
+def sources_of(exams: list[Exam], scale: Scale = Scale.unit) -> list[Source]:
+    """The questions controls can be built from: those with a question and ground truth (and
+    key points, graded by them: a question whose key points could not be written is graded
+    by none), and single ones (else multi-hop ones). To an unanswerable question "I don't
+    know" is the right answer, not a control's wrong one; and a multi-hop question's ground
+    truth holds facts of another document, so it is no wrong answer there."""
+    marked = scale is Scale.key_points
     graded = [
         (Source(e.qa_id, e.document, e.question, e.ground_truth, e.key_points), e.kind)
         for e in exams
-        if e.question is not None and e.ground_truth is not None
+        if e.question is not None
+        and e.ground_truth is not None
+        and (e.key_points is not None or not marked)
     ]
     single = [source for source, kind in graded if kind == SINGLE]
     return single or [source for source, kind in graded if kind != UNANSWERABLE]
@@ -94,7 +98,7 @@ def sources_of(exams: list[Exam]) -> list[Source]:
 def run_controls(settings: Settings, given: Given, session: Session, exams: Exams) -> StageResult:
     """Write `judge_controls.csv`: known answers to `--controls` of the exam's questions."""
     count, seed = given.grading.controls, given.folder.seed
-    controls = build_controls(sources_of(exams.exams), count, seed, exams.scale)
+    controls = build_controls(sources_of(exams.exams, exams.scale), count, seed, exams.scale)
     settings.api_key()
     plan = ControlPlan(_exam_method(settings, given.out), given, controls, session, exams.scale)
     columns = (*CONTROL_COLUMNS, *JUDGE_COLUMNS)

@@ -25,11 +25,11 @@ from ragexam.analysis.keypoints import (
     BadKeyPoints,
     completeness,
     conciseness,
+    held_for_losses,
     marked_hash,
     parse_key_points,
 )
 from ragexam.errors import LLMError, OutputError, RowError
-from ragexam.io.cells import UNANSWERABLE
 from ragexam.llm.client import LLM, Reply
 from ragexam.llm.prompts import Call, Delimited, context_block, load_prompt, neutralise
 from ragexam.llm.structured import reask
@@ -167,12 +167,8 @@ class KeyPointGrader:
         }
         if self.with_context:
             held = [mark.in_context for mark in chosen]
-            columns["key_point_context"] = _json(held)
-            # No chunk holds the answer to an unanswerable question, and none can be retrieved:
-            # its point (that the documentation does not say) is lost when the answer makes
-            # one up, in generation, whatever the judge read in the chunks.
-            unanswerable = exam.kind == UNANSWERABLE
-            columns.update(losses(majority, [True] * len(held) if unanswerable else held))
+            columns["key_point_context"] = _json(held)  # the judge's reading, as it read it
+            columns.update(losses(majority, held_for_losses(held, exam.kind)))
         if len(samples) > 1:
             columns["key_point_samples"] = _json(
                 [[m.verdict for m in mark.key_points] for mark in marks]

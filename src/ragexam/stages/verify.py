@@ -30,11 +30,13 @@ from ragexam.llm.client import LLM, Reply
 from ragexam.llm.prompts import Prompt, context_block, load_prompt
 from ragexam.rag.retrieval import Retriever
 from ragexam.stages.exams import Exam
-from ragexam.stages.marking import KeyPointGrader
+from ragexam.stages.marking import KeyPointGrader, quoted
 from ragexam.stages.session import Session
 
 PRESENT, ABSENT = "present", "absent"
-NEAREST = 5  # chunks an unanswerable question's answerer is given, as answer's default k
+# Chunks the check of an unanswerable question reads: twice answer's default k, so that a
+# system retrieving more than the default still rarely finds an answer the check missed.
+NEAREST = 10
 
 
 class Answerability(BaseModel):
@@ -51,17 +53,18 @@ class Answerability(BaseModel):
 
 @dataclass(frozen=True)
 class Reading:
-    """The check of an unanswerable question: the nearest chunks, and whether they answer it."""
+    """The check of an unanswerable question: the nearest chunks, and whether they answer it
+    (`found`: the quote is the chunks' own words)."""
 
     answered: bool
     quote: str
+    found: bool
     chunks: tuple[str, ...]
 
     def record(self) -> dict[str, Any]:
         """What the row's `verification` keeps of it."""
-        return {"context": "nearest", "answered": self.answered, "quote": self.quote} | {
-            "chunks": list(self.chunks)
-        }
+        said = {"answered": self.answered, "quote": self.quote, "quote_found": self.found}
+        return {"context": "nearest", **said, "chunks": list(self.chunks)}
 
 
 class Written(Protocol):
@@ -114,7 +117,8 @@ class Tally:
 
 
 class Verifier:
-    """The answerer (the answer prompt and model) and the judge (by key points)."""
+    """The answerer (the answer prompt and model) and the judge model: it grades by key points
+    (multi-hop questions) and reads the nearest chunks (unanswerable ones)."""
 
     def __init__(self, settings: Settings, session: Session, retriever: Retriever | None) -> None:
         memory = session.endpoints
@@ -148,7 +152,10 @@ class Verifier:
         texts = [hit.text or "" for hit in hits]
         reply = await self.judge.structured(self.reading(written.question, texts), Answerability)
         tally.add(reply)
-        reading = Reading(reply.value.answered, reply.value.quote, _ids(hits))
+        quote = reply.value.quote
+        found = bool(quote.strip()) and quoted(quote, "\n".join(texts))
+        # a quote of the chunks that states the answer is an answer, whatever the verdict says
+        reading = Reading(reply.value.answered or found, quote, found, _ids(hits))
         if reading.answered:
             return Verdict(False, "answered by the nearest chunks", (reading,))
         return Verdict(True, "", (reading,))
