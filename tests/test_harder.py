@@ -4,6 +4,7 @@ kept is verified, what is dropped says why, and the calls are counted and priced
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -220,6 +221,10 @@ def test_the_dry_run_counts_the_calls_a_run_without_drops_makes(
     generate(env, tmp_path, clean, "--dry-run", *args)
     said = (tmp_path / "output.txt").read_text()
     assert env.count() == 0 and "generate multi-hop: 3 rows to do, 21 calls" in said
+    # out: per question a question written (90), three answers (150) and three markings (200)
+    assert re.search(
+        r"generate multi-hop: 3 rows to do, 21 calls, ~[\d,]+ tokens in \+ ~3,420 out", said
+    )
     assert "generate unanswerable: 2 rows to do, 4 calls" in said
     generate(env, tmp_path, clean, *args)
     assert env.count() == 8 + 21 + 4  # the single questions, then 7 and 2 calls a question

@@ -21,7 +21,7 @@ from ragexam.analysis.controls import build_controls
 from ragexam.analysis.keypoints import dump
 from ragexam.config import AnswerContext, Scale, Settings
 from ragexam.io.batchfiles import parse_custom_id, scan_results
-from ragexam.io.cells import SINGLE
+from ragexam.io.cells import MULTI_HOP, SINGLE, UNANSWERABLE
 from ragexam.io.csvfile import read_columns, read_rows
 from ragexam.io.fingerprint import changed_inputs, stale_rows
 from ragexam.io.ledger import Ledger
@@ -52,6 +52,7 @@ OUTPUT_TOKENS = {
     "judge_key_points": 200,  # a verdict, with evidence, per key point and per statement
 }
 STAND_IN_POINTS = 3  # key points of a question not written yet
+READS = {MULTI_HOP: OUTPUT_TOKENS["judge_key_points"], UNANSWERABLE: OUTPUT_TOKENS["judge"]}
 BATCH = 500
 
 
@@ -215,7 +216,8 @@ def harder_estimates(plan: GeneratePlan, done: set[str], settings: Settings) -> 
                 "generate", plan.llm.model, len(picked), map(plan.harder.messages, picked), settings
             ),
             estimate("answer", verifier.answerer.model, 0, answerer, settings),
-            estimate("judge", verifier.judge.model, 0, judge, settings),
+            # a multi-hop check's judge marks key points; an unanswerable one's quotes a line
+            estimate("judge", verifier.judge.model, 0, judge, settings, READS[kind]),
         ]
         costs = [part.cost_usd for part in parts]
         found.append(
