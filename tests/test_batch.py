@@ -1024,3 +1024,25 @@ def test_a_shard_the_queue_never_holds_is_cut_though_a_sibling_ended_without_a_t
     events = [e["event"] for e in ledger_events(tmp_path / "run" / "batches" / "judge.jsonl")]
     assert "dropped" in events and events.count("resubmit") <= 3
     assert all(row["status"] == "ok" for row in judged(tmp_path).values())
+
+
+def test_a_stage_over_its_error_rate_leaves_the_others_of_its_group_written(
+    batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The exam's grades end over --max-error-rate; the control runs' batches went out beside
+    # them, paid for: their rows are written by the same command, not one rerun each.
+    monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "0")
+    exam_file, common = generated(batch_env, tmp_path)
+    first = read_csv(exam_file)[0]["qa_id"]
+    batch_env.batch.fail_line_if = lambda custom_id, body: (
+        400 if custom_id.startswith("judge~") and custom_key(custom_id) == first else None
+    )
+    result = run_cli(
+        "run", "--qa-dataset", str(exam_file), "--out", "run", "--controls", "0",
+        "--control-runs", *common,
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert [row["status"] for row in read_csv(tmp_path / "run" / "judgments.csv")].count("ok") == 2
+    for folder in ("gold", "closed_book"):
+        rows = read_csv(tmp_path / "run" / folder / "judgments.csv")
+        assert len(rows) == 3 and all(row["status"] == "ok" for row in rows), folder

@@ -125,6 +125,7 @@ def test_an_unanswerable_question_is_kept_when_the_nearest_chunks_do_not_answer_
     assert records(dropped["question"]) == [(0, 0)]  # the seed the store answers
     (reading,) = json.loads(dropped["verification"])["checks"]
     assert reading["answered"] is True and reading["quote_found"] is True
+    assert reading["said"] is not misreads  # the reader's own verdict, kept beside
     assert FACT.findall(reading["quote"]) == ["fact0x0a", "fact0x0b", "fact0x0c"]
 
 
@@ -255,6 +256,8 @@ def test_a_rag_system_that_makes_facts_up_is_caught_by_questions_its_model_wrote
     assert float(by_kind["unanswerable"]["declined"]) == 0.0
     assert float(by_kind["unanswerable"]["made_up"]) == 1.0
     assert float(by_kind["single"]["completeness_mean"]) == 1.0  # what the store holds it knows
+    said = " ".join(result.output.split())  # and the report's first sentence says it first
+    assert "100% of 4 unanswerable questions get made-up answers; stop the made-up answers" in said
 
 
 def test_a_made_up_answer_to_an_unanswerable_question_is_lost_in_generation_not_retrieval(
@@ -278,7 +281,8 @@ def test_a_made_up_answer_to_an_unanswerable_question_is_lost_in_generation_not_
     assert float(overall["lost_in_retrieval"]) == 0.0  # every single question's chunk was found
     assert float(overall["lost_in_generation"]) > 0
     report = (out / "report.html").read_text(encoding="utf-8")
-    assert "lost in retrieval</small>" not in report and "lost in generation</small>" in report
+    assert "chunks: lost in retrieval" not in report and "in the retrieved chunks:" not in report
+    assert "no chunk answers it: lost in generation (an answer made up)" in report
 
 
 def test_a_split_exam_splits_its_harder_questions_too(env: FakeOpenAI, tmp_path: Path) -> None:
@@ -310,3 +314,46 @@ def test_an_embedding_not_the_stores_stops_unanswerable_questions_before_any_cal
     assert result.exit_code == 2, result.output
     assert "are not the store's" in " ".join(result.output.split())
     assert env.count() == 0  # no chat call: not one question written
+
+
+def test_the_control_runs_figures_add_up_with_unanswerable_questions_in_the_exam(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # Made-up answers to the unanswerable questions pull the RAG run's completeness over every
+    # question down; the control runs read the answerable ones: so does the RAG figure beside.
+    guessing = world(answered=set(), guesses={"a.md", "b.md"})
+    env.responder, env.embed = guessing.respond, guessing.embed
+    guessing.build_store(tmp_path / "store")
+    result = run_cli(
+        "run", "--chroma", str(tmp_path / "store"), "--out", str(tmp_path / "run"),
+        "--embedding", "openai:fake-embed", "--unanswerable", "4", "--control-runs",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    found = re.search(
+        r"gold context ([\d.]+), RAG ([\d.]+), closed book [\d.]+; retrieval loss ([\d.-]+)", said
+    )
+    assert found is not None, said
+    gold, rag, loss = (float(value) for value in found.groups())
+    assert gold - rag == pytest.approx(loss, abs=0.011) and rag == 1.0  # the store answers all
+    (overall,) = [
+        row for row in read_csv(tmp_path / "run" / "summary.csv") if row["document"] == "ALL"
+    ]
+    assert float(overall["completeness_mean"]) < rag  # the made-up answers count there
+    assert f"the retrieved chunks {rag:.0%})" in said
+
+
+def test_a_batched_command_goes_on_once_its_harder_questions_are_kept(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # Refused before they are written (they take the sync road), the same command runs, and
+    # batches the rest, once the exam holds them: the advice leads somewhere.
+    out = generate(env, tmp_path, world(answered=set()), "--unanswerable", "2")
+    calls = env.count()
+    args = ("generate", "--chroma", str(tmp_path / "store"), "--out", str(out))
+    batched = (*args, "--embedding", "openai:fake-embed", "--unanswerable", "2", "--batch")
+    result = run_cli(*batched)
+    assert result.exit_code == 0, result.output
+    assert env.count() == calls and not env.batch_requests  # nothing left to write
+    more = run_cli(*batched[:-3], "--unanswerable", "3", "--batch")
+    assert more.exit_code == 2 and "sync road" in " ".join(more.output.split())

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ragexam.config import Scale
-from ragexam.errors import BatchPending, ConfigError, InputFileError
+from ragexam.errors import BatchPending, ConfigError, InputFileError, TooManyErrors
 from ragexam.io.runfolder import CONTROL_RUNS, RunFolder
 from ragexam.options import (
     ANSWER,
@@ -251,11 +251,27 @@ def _together(given: Given, session: Session, stages: Sequence[Callable[[], T]])
                     stage()
         if outer:
             raise BatchesSent
-        return [stage() for stage in stages]
+        return _each(stages)
     finally:
         if not outer:  # stopped between: a later command of the session owes them nothing
             for path in set(session.sent) - before:
                 del session.sent[path]
+
+
+def _each(stages: Sequence[Callable[[], T]]) -> list[T]:
+    """Each stage waited on, though one ends with more error rows than allowed: the others'
+    batches are out, paid for, and their rows are written; the first such error is raised
+    once every stage is done."""
+    done: list[T] = []
+    failed: TooManyErrors | None = None
+    for stage in stages:
+        try:
+            done.append(stage())
+        except TooManyErrors as exc:
+            failed = failed or exc
+    if failed is not None:
+        raise failed
+    return done
 
 
 def _written(stages: Sequence[Callable[[], T]]) -> list[T]:
@@ -328,17 +344,32 @@ def _check_batch(given: Given) -> None:
             "files: give one of them"
         )
     batched = calls.batch or calls.batch_dir is not None
-    if batched and (given.exam.multi_hop or given.exam.unanswerable):
+    if batched and (given.exam.multi_hop or given.exam.unanswerable) and not _harder_kept(given):
         raise ConfigError(
             "--multi-hop and --unanswerable questions are written and verified in several calls "
             "that wait on each other, until enough are kept: they take the sync road; write "
-            "them with a generate without --batch/--batch-dir (the other stages can batch)"
+            "them with a generate without --batch/--batch-dir (the other stages can batch, and "
+            "this command once they are kept)"
         )
     if batched and given.answering.rag not in (None, ""):
         raise ConfigError(
             "--rag: your RAG system makes its own calls, which ragexam cannot batch; drop "
             "--batch/--batch-dir to answer with it, or drop --rag to batch the built-in answerer"
         )
+
+
+def _harder_kept(given: Given) -> bool:
+    """Whether the exam in the run folder holds the harder questions asked for already: then
+    generate writes none, and the rest of it can batch."""
+    from ragexam.io.cells import MULTI_HOP, UNANSWERABLE
+    from ragexam.io.csvfile import read_columns
+
+    path = RunFolder(given.out).qa_dataset
+    if not path.is_file():
+        return False
+    kinds = read_columns(path, ["qa_id"], optional=("kind",)).get("kind", [])
+    asked = {MULTI_HOP: given.exam.multi_hop or 0, UNANSWERABLE: given.exam.unanswerable or 0}
+    return all(list(kinds).count(kind) >= wanted for kind, wanted in asked.items())
 
 
 def _estimated(estimates: list[Estimate], session: Session, given: Given) -> Result:

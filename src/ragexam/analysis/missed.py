@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ragexam.analysis.keypoints import CREDIT, BadKeyPoints, held_for_losses, parse_key_points
+from ragexam.analysis.keypoints import CREDIT, BadKeyPoints, parse_key_points
 from ragexam.io.csvfile import unescape_cell
 
 PER_DOCUMENT = 5
-COLUMNS = ["document", "qa_id", "question", "key_point", "verdict", "loss", "in_context"]
+COLUMNS = ["document", "qa_id", "question", "kind", "key_point", "verdict", "loss", "in_context"]
 
 
 def most_missed(
@@ -39,11 +39,10 @@ def most_missed(
         points = _points(key_points.get(unescape_cell(str(record.qa_id))))
         if found is None or points is None or len(points) != len(found[0]):
             continue
-        verdicts, losses, reading = found
-        where = held_for_losses(reading, str(record.kind))
-        for point, verdict, loss, held in zip(points, verdicts, losses, where, strict=True):
+        kind = str(record.kind)
+        for point, verdict, loss, held in zip(points, *found, strict=True):
             if loss > 0:
-                rows.append((str(record.document), record.qa_id, record.question, point,
+                rows.append((str(record.document), record.qa_id, record.question, kind, point,
                              verdict, loss, held, record.completeness))  # fmt: skip
     frame = pd.DataFrame(rows, columns=[*COLUMNS, "completeness"])
     frame["missed"] = frame.groupby("document")["loss"].transform("size")

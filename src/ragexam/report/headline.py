@@ -12,6 +12,7 @@ import pandas as pd
 from ragexam.analysis.summary import StatsResult
 
 FEW_QUESTIONS = 10  # a document's figures on fewer questions than this are too noisy to read
+MADE_UP = 0.2  # a share of unanswerable questions answered with made-up facts to fix first
 TRY = {
     "retrieval": "retrieve better first: more chunks (--k), another embedding model, or reranking",
     "generation": "improve the answers first: a stronger answer model, or a prompt that keeps "
@@ -19,6 +20,8 @@ TRY = {
     "too much context": "trim the context first: fewer chunks (--k), or reranking",
     "prior_knowledge": "write harder questions first: these are answered without retrieval",
     "ok": "nothing urgent: look at the worst questions below",
+    "made up": "stop the made-up answers first: a prompt that says so when the chunks do not "
+    "hold the answer, or a stronger answer model",
     "not judged": "run judge: no answer is graded yet",
 }
 
@@ -31,6 +34,9 @@ def headline(result: StatsResult) -> str:
         return _ungraded(row)
     pending = int(row.get("pending", 0) or 0)
     advice = TRY.get(str(row["diagnosis"]), TRY["ok"])
+    made_up = row.get("made_up_unanswerable")
+    if advice == TRY["ok"] and made_up is not None and made_up >= MADE_UP:  # NaN: not
+        advice = TRY["made up"]
     so_far = ""
     if pending:  # the figures are of the graded questions alone: said, and the rest asked for
         so_far = f" (of the {int(row.get('n_judged', 0)):,} graded; {pending:,} pending)"
@@ -80,10 +86,10 @@ def _where(result: StatsResult) -> str:
     parts = []
     loss = row.get("retrieval_loss")
     if loss is not None and not pd.isna(loss):
-        gold = row["completeness_gold"]
+        gold = row["completeness_gold"]  # both over the answerable questions, as the loss
         parts.append(
             f"retrieval loss {loss:.2f} (the source chunk handed over gives {gold:.0%} complete "
-            f"answers, the retrieved chunks {row['completeness_mean']:.0%})"
+            f"answers, the retrieved chunks {gold - loss:.0%})"
         )
     broken = documents[~documents["diagnosis"].isin(("ok", "not judged"))]
     readable = broken[broken["questions"] >= FEW_QUESTIONS]
@@ -97,6 +103,9 @@ def _where(result: StatsResult) -> str:
         parts.append(f"{len(broken)} of {len(documents)} documents need work")
     else:
         parts.append("no document stands out")
+    made_up, asked = row.get("made_up_unanswerable"), row.get("questions_unanswerable", 0)
+    if made_up is not None and not pd.isna(made_up) and made_up > 0:
+        parts.append(f"{made_up:.0%} of {int(asked):,} unanswerable questions get made-up answers")
     return "; ".join(parts)
 
 

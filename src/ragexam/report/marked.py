@@ -13,8 +13,8 @@ from typing import Any
 
 import pandas as pd
 
-from ragexam.analysis.keypoints import held_for_losses
 from ragexam.analysis.summary import StatsResult
+from ragexam.io.cells import UNANSWERABLE
 from ragexam.report import page
 
 MARKS = {
@@ -33,6 +33,14 @@ ul.st{margin:2px 0;padding-left:1.2em}.st .contradicted{color:#d1242f}
 """
 LOSSES = {True: "in the retrieved chunks: lost in generation", False: "not in the retrieved "
           "chunks: lost in retrieval"}  # fmt: skip
+
+
+def _where_lost(held: Any, kind: str) -> str | None:
+    """Where a missed key point was lost, as the losses count it (held_for_losses): by the
+    judge's reading of the chunks, but an unanswerable question's, by the answer."""
+    if kind == UNANSWERABLE and held in LOSSES:  # read: the report says what was read
+        return "no chunk answers it: lost in generation (an answer made up)"
+    return LOSSES.get(held) if isinstance(held, bool) else None
 
 
 def _list(cell: Any) -> list[Any] | None:
@@ -54,14 +62,14 @@ def marked_points(row: dict[Any, Any]) -> str:
     if not points or not verdicts or len(points) != len(verdicts):
         return ""
     evidence = _list(row.get("key_point_evidence")) or [""] * len(points)
-    held = held_for_losses(
-        _list(row.get("key_point_context")) or [None] * len(points), str(row.get("kind", ""))
-    )
+    held = _list(row.get("key_point_context")) or [None] * len(points)
+    kind = str(row.get("kind", ""))
     items = []
     for point, verdict, quote, was in zip(points, verdicts, evidence, held, strict=False):
         sign, word = MARKS.get(str(verdict), ("?", str(verdict)))
         said = f" <q>{escape(str(quote))}</q>" if quote and verdict != "absent" else ""
-        where = f" <small>{LOSSES[was]}</small>" if verdict != "present" and was in LOSSES else ""
+        lost = _where_lost(was, kind) if verdict != "present" else None
+        where = f" <small>{lost}</small>" if lost else ""
         items.append(
             f'<li class="{escape(str(verdict))}"><b title="{word}">{sign}</b>'
             f"{escape(str(point))}{said}{where}</li>"
@@ -170,8 +178,8 @@ def _missed_point(row: dict[Any, Any]) -> str:
     notes = [escape(str(row["question"]))]
     if row["loss"] < 1:
         notes.append(f"lost {row['loss']:.0%}")
-    if row["in_context"] in LOSSES:
-        notes.append(LOSSES[row["in_context"]])
+    if lost := _where_lost(row["in_context"], str(row.get("kind", ""))):
+        notes.append(lost)
     return (
         f'<li class="{verdict}"><b>{MARKS[verdict][0]}</b>{escape(str(row["key_point"]))} '
         f"<small>{' · '.join(notes)}</small></li>"

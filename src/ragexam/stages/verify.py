@@ -53,18 +53,29 @@ class Answerability(BaseModel):
 
 @dataclass(frozen=True)
 class Reading:
-    """The check of an unanswerable question: the nearest chunks, and whether they answer it
-    (`found`: the quote is the chunks' own words)."""
+    """The check of an unanswerable question: the nearest chunks, what the reader said of
+    them (its verdict, its quote, whether the quote is the chunks' own words), and whether
+    they answer it: by its verdict, or by its quote when the chunks say it."""
 
-    answered: bool
+    said: bool
     quote: str
     found: bool
     chunks: tuple[str, ...]
 
+    @property
+    def answered(self) -> bool:
+        """Whether the chunks answer the question."""
+        return self.said or self.found
+
     def record(self) -> dict[str, Any]:
         """What the row's `verification` keeps of it."""
-        said = {"answered": self.answered, "quote": self.quote, "quote_found": self.found}
-        return {"context": "nearest", **said, "chunks": list(self.chunks)}
+        read = {"answered": self.answered, "said": self.said, "quote": self.quote}
+        return {
+            "context": "nearest",
+            **read,
+            "quote_found": self.found,
+            "chunks": list(self.chunks),
+        }
 
 
 class Written(Protocol):
@@ -155,7 +166,7 @@ class Verifier:
         quote = reply.value.quote
         found = bool(quote.strip()) and quoted(quote, "\n".join(texts))
         # a quote of the chunks that states the answer is an answer, whatever the verdict says
-        reading = Reading(reply.value.answered or found, quote, found, _ids(hits))
+        reading = Reading(reply.value.answered, quote, found, _ids(hits))
         if reading.answered:
             return Verdict(False, "answered by the nearest chunks", (reading,))
         return Verdict(True, "", (reading,))
