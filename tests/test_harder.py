@@ -357,3 +357,42 @@ def test_a_batched_command_goes_on_once_its_harder_questions_are_kept(
     assert env.count() == calls and not env.batch_requests  # nothing left to write
     more = run_cli(*batched[:-3], "--unanswerable", "3", "--batch")
     assert more.exit_code == 2 and "sync road" in " ".join(more.output.split())
+
+
+def test_a_dry_run_of_a_run_graded_with_the_context_counts_the_chunks_the_judge_reads(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    the_world = world()
+    env.responder, env.embed = the_world.respond, the_world.embed
+    the_world.build_store(tmp_path / "store")
+    args = ("run", "--chroma", str(tmp_path / "store"), "--out", str(tmp_path / "run"))
+    args += ("--embedding", "openai:fake-embed", "--controls", "0", "--dry-run")
+
+    def judged_tokens(*more: str) -> int:
+        result = run_cli(*args, *more)
+        assert result.exit_code == 0, result.output  # it said the answers had no texts
+        line = next(line for line in result.output.splitlines() if line.startswith("judge:"))
+        return int(re.search(r"~([\d,]+) tokens in", line).group(1).replace(",", ""))  # type: ignore[union-attr]
+
+    assert judged_tokens("--with-context") > judged_tokens() and env.count() == 0
+
+
+def test_a_dry_run_of_a_run_counts_the_harder_questions_among_those_to_answer(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    clean = world(repeats=set(), invents=set(), answered=set())
+    env.responder, env.embed = clean.respond, clean.embed
+    clean.build_store(tmp_path / "store")
+    args = ("run", "--chroma", str(tmp_path / "store"), "--out", str(tmp_path / "run"))
+    args += ("--embedding", "openai:fake-embed", "--controls", "0")
+    harder = ("--multi-hop", "2", "--unanswerable", "2")
+
+    def to_answer(*more: str) -> str:
+        result = run_cli(*args, *more, "--dry-run")
+        assert result.exit_code == 0, result.output
+        return next(line for line in result.output.splitlines() if line.startswith("answer:"))
+
+    assert "answer: 12 rows to do" in to_answer(*harder)  # 8 chunks, and 4 harder questions
+    assert run_cli("generate", *args[1:5], *args[5:7], *harder).exit_code == 0
+    assert "answer: 12 rows to do" in to_answer(*harder)  # the exam's own, written
+    assert "answer: 13 rows to do" in to_answer("--multi-hop", "3", "--unanswerable", "2")

@@ -8,6 +8,7 @@ estimates answer and judge before their inputs exist, from stand-in texts of tho
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
@@ -368,14 +369,22 @@ def estimate_run(settings: Settings, given: Given, session: Session) -> list[Est
         questions = [Question(qa_id_for(chunk.id), chunk.id, half) for chunk in kept]
         if given_exam:
             questions = read_questions(given_exam)[0][: given.calls.limit]
+        else:
+            questions += _harder_questions(given, [chunk.id for chunk in kept], half)
         second = _answers(settings, given, questions, collection)
         if given.answering.rag is not None:
             second = Estimate("answer", f"rag:{given.answering.rag}", len(questions), 0, 0, 0, None)
         reply, documents = _filler(OUTPUT_TOKENS["answer"]), {c.id: c.document for c in kept}
+        # what --with-context shows the judge: k chunks retrieved, each about the exam's own
+        texts = {c.id: c.text for c in kept}
+        k = given.answering.k or DEFAULT_K
         exams = [
-            Exam(q.qa_id, q.text, q.ground_truth or half, reply, documents.get(q.chunk_id, ""))
+            Exam(
+                q.qa_id, q.text, q.ground_truth or half, reply, documents.get(q.chunk_id, ""),
+                context=json.dumps([texts.get(q.chunk_id or "", half)] * k),
+            )
             for q in questions
-        ]
+        ]  # fmt: skip
         # generate writes key points: the judge grades by them unless --scale says otherwise
         scale = given.grading.scale or Scale.key_points
         graded = stand_ins(Exams(exams, 0, scale, True))
@@ -388,6 +397,31 @@ def estimate_run(settings: Settings, given: Given, session: Session) -> list[Est
     finally:
         release(store)
     return estimates
+
+
+def _harder_questions(given: Given, chunks: list[str], text: str) -> list[Question]:
+    """The harder questions run's exam will hold beside one per chunk: those its folder's exam
+    holds already, and stand-ins for those generate is still to write."""
+    path, asked = RunFolder(given.out).qa_dataset, Counter[str]()
+    asked.update({MULTI_HOP: given.exam.multi_hop or 0, UNANSWERABLE: given.exam.unanswerable or 0})
+    held: list[Question] = []
+    if path.is_file():
+        kinds = read_columns(path, ["qa_id"], optional=("kind",))
+        harder = {
+            qa_id: kind
+            for qa_id, kind in zip(kinds["qa_id"], kinds.get("kind", ()), strict=False)
+            if kind in asked
+        }
+        held = [q for q in read_questions(path)[0] if q.qa_id in harder]
+        asked.subtract(Counter(harder[q.qa_id] for q in held))
+    stand_ins = [
+        Question(
+            f"{kind}-{n}", chunks[n % len(chunks)] if kind == MULTI_HOP and chunks else "", text
+        )
+        for kind, missing in asked.items()
+        for n in range(max(missing, 0))
+    ]
+    return held + stand_ins
 
 
 def _named(estimated: Estimate, folder: str) -> Estimate:
