@@ -792,8 +792,9 @@ def stepped(server: FakeOpenAI, thread: threading.Thread) -> list[frozenset[str]
 
 
 def test_the_grades_and_controls_batches_run_at_once_and_report_as_one_run(
-    batch_env: FakeOpenAI, tmp_path: Path
+    batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(display, "PLAIN_EVERY", 0.05)
     batch_env.batch.manual = True
     exam(tmp_path / "run", 4)
     thread, results = run_in_thread("judge", "--out", "run", "--controls", "1", "--batch")
@@ -802,6 +803,8 @@ def test_the_grades_and_controls_batches_run_at_once_and_report_as_one_run(
     output = results[0].output
     assert results[0].exit_code == 0, output
     assert {"judge", "judge_controls"} in together  # neither waited for the other's turn
+    # while the grades' batch is waited on, the controls' is said to be out, not out of sight
+    assert "1 batch of the run's other stages out beside, collected next" in output
     stages = manifest(tmp_path)["stages"]
     for stage in ("judge", "judge_controls"):
         record = stages[stage]

@@ -114,6 +114,7 @@ class Waiter:
     async def wait(self) -> None:
         """Look at the batches in flight until one ends; collect what each ended one left."""
         delay, failures = min(FIRST_POLL, self.poll), 0
+        beside = _beside(sum(shard.waiting for shard in self.road.siblings()))
         while True:
             shards = [s for s in self.road.ledger.waiting() if s.batch_id]
             if not shards:  # every shard waits to be submitted again: wait out the pause
@@ -135,7 +136,7 @@ class Waiter:
                 failures = 0
             self._say_unknown(views)
             ended = [(s, v) for s, v in zip(shards, views, strict=False) if v.ended]
-            self.road.note(_waiting(views, shards), views)
+            self.road.note(_waiting(views, shards) + beside, views)
             if ended:
                 for shard, view in ended:
                     await self.collect(shard, view, running=len(views) > len(ended))
@@ -306,6 +307,18 @@ def _waiting(views: list[BatchView], shards: list[ShardState]) -> str:
     done = sum(view.completed + view.failed for view in views)
     total = sum(view.total for view in views)
     return f"{len(views)} batches in flight, {done}/{total} requests answered"
+
+
+def _beside(batches: int) -> str:
+    """What the line on the batches in flight adds of the batches other stages of the run sent
+    at once (out of sight while this stage's are waited on)."""
+    if not batches:
+        return ""
+    one = batches == 1
+    return (
+        f"; {batches} batch{'' if one else 'es'} of the run's other stages out beside, "
+        f"collected next"
+    )
 
 
 def now() -> float:
