@@ -344,7 +344,8 @@ def _check_batch(given: Given) -> None:
             "files: give one of them"
         )
     batched = calls.batch or calls.batch_dir is not None
-    if batched and (given.exam.multi_hop or given.exam.unanswerable) and not _harder_kept(given):
+    harder = batched and (given.exam.multi_hop or given.exam.unanswerable)
+    if harder and _harder_lacking(given):  # once the exam holds them, the rest can batch
         raise ConfigError(
             "--multi-hop and --unanswerable questions are written and verified in several calls "
             "that wait on each other, until enough are kept: they take the sync road; write "
@@ -358,18 +359,11 @@ def _check_batch(given: Given) -> None:
         )
 
 
-def _harder_kept(given: Given) -> bool:
-    """Whether the exam in the run folder holds the harder questions asked for already: then
-    generate writes none, and the rest of it can batch."""
-    from ragexam.io.cells import MULTI_HOP, UNANSWERABLE
-    from ragexam.io.csvfile import read_columns
+def _harder_lacking(given: Given) -> bool:
+    """Whether generate has harder questions still to write (the sync road's work)."""
+    from ragexam.stages.harder import harder_held
 
-    path = RunFolder(given.out).qa_dataset
-    if not path.is_file():
-        return False
-    kinds = read_columns(path, ["qa_id"], optional=("kind",)).get("kind", [])
-    asked = {MULTI_HOP: given.exam.multi_hop or 0, UNANSWERABLE: given.exam.unanswerable or 0}
-    return all(list(kinds).count(kind) >= wanted for kind, wanted in asked.items())
+    return bool(harder_held(given)[0])
 
 
 def _estimated(estimates: list[Estimate], session: Session, given: Given) -> Result:

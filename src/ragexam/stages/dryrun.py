@@ -36,6 +36,7 @@ from ragexam.rag.given import PROMPTS
 from ragexam.stages.answer import needs_store, read_questions
 from ragexam.stages.exams import Exam, Exams, load_exams
 from ragexam.stages.generate import GeneratePlan, qa_id_for
+from ragexam.stages.harder import harder_held
 from ragexam.stages.judge import ControlPlan, JudgePlan, sources_of
 from ragexam.stages.keypoints import KeyPointsPlan
 from ragexam.stages.replay import outstanding
@@ -402,24 +403,15 @@ def estimate_run(settings: Settings, given: Given, session: Session) -> list[Est
 def _harder_questions(given: Given, chunks: list[str], text: str) -> list[Question]:
     """The harder questions run's exam will hold beside one per chunk: those its folder's exam
     holds already, and stand-ins for those generate is still to write."""
-    path, asked = RunFolder(given.out).qa_dataset, Counter[str]()
-    asked.update({MULTI_HOP: given.exam.multi_hop or 0, UNANSWERABLE: given.exam.unanswerable or 0})
-    held: list[Question] = []
-    if path.is_file():
-        kinds = read_columns(path, ["qa_id"], optional=("kind",))
-        harder = {
-            qa_id: kind
-            for qa_id, kind in zip(kinds["qa_id"], kinds.get("kind", ()), strict=False)
-            if kind in asked
-        }
-        held = [q for q in read_questions(path)[0] if q.qa_id in harder]
-        asked.subtract(Counter(harder[q.qa_id] for q in held))
+    lacking, kinds = harder_held(given)
+    path = RunFolder(given.out).qa_dataset
+    held = [q for q in read_questions(path)[0] if q.qa_id in kinds] if kinds else []
     stand_ins = [
         Question(
             f"{kind}-{n}", chunks[n % len(chunks)] if kind == MULTI_HOP and chunks else "", text
         )
-        for kind, missing in asked.items()
-        for n in range(max(missing, 0))
+        for kind, missing in lacking.items()
+        for n in range(missing)
     ]
     return held + stand_ins
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, NamedTuple
 
@@ -20,6 +21,7 @@ from ragexam.analysis.sampling import assign_splits
 from ragexam.config import Settings
 from ragexam.errors import AuthError, EndpointError, RagexamError
 from ragexam.io.cells import MULTI_HOP, UNANSWERABLE
+from ragexam.io.csvfile import read_columns
 from ragexam.io.rowlog import RowLog
 from ragexam.io.runfolder import RunFolder
 from ragexam.llm.client import LLM
@@ -263,6 +265,21 @@ class Harder:
             await self.verifier.aclose()
         finally:
             self.dropped.close()
+
+
+def harder_held(given: Given) -> tuple[Counter[str], dict[str, str]]:
+    """The harder questions the options ask for that the run folder's exam still lacks, by
+    kind, and the kind of each it holds, by qa_id."""
+    asked = Counter(
+        {MULTI_HOP: given.exam.multi_hop or 0, UNANSWERABLE: given.exam.unanswerable or 0}
+    )
+    path, held = RunFolder(given.out).qa_dataset, {}
+    if path.is_file():
+        rows = read_columns(path, ["qa_id"], optional=("kind",))
+        pairs = zip(rows["qa_id"], rows.get("kind", ()), strict=False)
+        held = {qa_id: kind for qa_id, kind in pairs if kind in asked}
+    asked.subtract(Counter(held.values()))
+    return +asked, held  # only the kinds still lacking some
 
 
 def harder_for(

@@ -33,7 +33,7 @@ from ragexam.stages.exams import Exam
 from ragexam.stages.marking import KeyPointGrader, quoted
 from ragexam.stages.session import Session
 
-PRESENT, ABSENT = "present", "absent"
+ABSENT = "absent"
 # Chunks the check of an unanswerable question reads: twice answer's default k, so that a
 # system retrieving more than the default still rarely finds an answer the check missed.
 NEAREST = 10
