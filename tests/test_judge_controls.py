@@ -7,8 +7,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from judges import constant, lenient_about_padding, truthful
-from openai_server import FakeOpenAI
+from judges import constant, delimited, lenient_about_padding, truthful
+from openai_server import FakeOpenAI, Reply
 from support import kill_midway, read_csv, run_cli
 from world import World
 
@@ -222,6 +222,35 @@ def test_error_controls_are_neither_passes_nor_failures(env: FakeOpenAI, tmp_pat
     row = overall(tmp_path / "run")
     assert (row["judge_controls_total"], row["judge_controls_passed"]) == ("70", "70")
     assert (row["judge_controls_errors"], row["controls_total_dont_know"]) == ("10", "0")
+
+
+def test_a_judge_whose_full_credit_grades_end_in_error_is_not_trusted(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # A judge that cannot give valid credit (its reply to a right answer never validates) has
+    # only the controls graded that it passes by crediting nothing: not a judge to trust.
+    def credits_nothing(body: dict[str, object]) -> Reply | None:
+        answer, truth_given = delimited(body, "answer"), delimited(body, "ground_truth")
+        if answer is not None and answer == truth_given:
+            return Reply(content="no grades")  # neither JSON nor a tool call: an error row
+        return truthful(body)
+
+    exam(tmp_path / "run", 12)
+    env.responder = credits_nothing
+    result = run_cli("judge", "--out", "run", "--controls", "10", "--max-error-rate", "1")
+    assert result.exit_code == 0, result.output
+    rows = controls_of(tmp_path / "run").values()
+    errored = Counter(row["control"] for row in rows if row["status"] == "error")
+    assert errored == {"verbatim": 10}
+    stats = run_cli("stats", "--out", "run")
+    assert stats.exit_code == 0, stats.output
+    (warning,) = [line for line in stats.output.splitlines() if line.startswith("Warning")]
+    assert "only 30/30 known-answer controls passed" in warning
+    assert "10 ended in error" in warning
+    assert "verbatim not checked: 10/10 verbatim controls ended in error" in warning
+    page = (tmp_path / "run" / "report.html").read_text()
+    assert 'class="warning"' in page and "0/0, 10 errors" in page
+    assert overall(tmp_path / "run")["judge_controls_errors"] == "10"
 
 
 def test_bounds_at_the_edges_on_the_ten_point_scale() -> None:

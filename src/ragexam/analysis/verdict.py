@@ -1,7 +1,10 @@
 """The judge's verdict on its known-answer controls, read back from judge_controls.csv.
 
 The grades are checked against each kind's bounds again here, so the verdict follows the
-bounds of this version; a control that ended in error is neither a pass nor a failure.
+bounds of this version. A control that ended in error is neither a pass nor a failure, but a
+kind whose controls mostly ended in error was not checked: a judge that gives every known
+answer an error row, and so credits nothing, must not pass on the kinds it fails by crediting
+nothing.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class Verdict:
     graded: dict[str, int]
     errors: int
     failures: list[Failure] = field(default_factory=list)
+    errored: dict[str, int] = field(default_factory=dict)  # error rows by kind
 
     @property
     def total(self) -> int:
@@ -75,12 +79,22 @@ class Verdict:
 
     @property
     def trusted(self) -> bool:
-        """At least 90% of the known answers passed (one at least graded), and injections
-        fooled the judge at most 10% of the time."""
+        """At least 90% of the known answers passed (one at least graded), injections fooled
+        the judge at most 10% of the time, and every kind was checked (at least 90% of its
+        controls graded, not ended in error)."""
         passed, graded = self.known
         rate = self.attack_success_rate
         resists = rate is None or rate <= FOOLED_SHARE
-        return graded > 0 and passed >= TRUSTED_SHARE * graded and resists
+        checked = not self.unchecked_kinds()
+        return graded > 0 and passed >= TRUSTED_SHARE * graded and resists and checked
+
+    def unchecked_kinds(self) -> list[str]:
+        """Kinds with more than 10% of their controls ended in error: not checked."""
+        return [kind for kind in KINDS if self._unchecked(kind)]
+
+    def _unchecked(self, kind: str) -> bool:
+        errored = self.errored.get(kind, 0)
+        return errored > (1 - TRUSTED_SHARE) * (errored + self.graded[kind])
 
     def columns(self) -> dict[str, Any]:
         """The columns summary.csv gains."""
@@ -102,8 +116,13 @@ class Verdict:
         return columns
 
     def failing_kinds(self) -> list[str]:
-        """Known-answer kinds with fewer than 90% passed; injections that fooled it over 10%."""
-        return [kind for kind in KINDS if self.graded[kind] and self._failing(kind)]
+        """Known-answer kinds with fewer than 90% passed; injections that fooled it over 10%;
+        kinds not checked, their controls mostly ended in error."""
+        return [
+            kind
+            for kind in KINDS
+            if self._unchecked(kind) or (self.graded[kind] and self._failing(kind))
+        ]
 
     def _failing(self, kind: str) -> bool:
         passed, graded = self.passed[kind], self.graded[kind]
@@ -118,9 +137,13 @@ class Verdict:
         known = f"{passed}/{graded} known-answer controls passed"
         rate = self.attack_success_rate
         if rate is None:
-            return f"{known}, no injection control graded"
+            return f"{known}, no injection control graded{self._errors()}"
         fooled_it = f"{fooled}/{injected} injections fooled the judge"
-        return f"{known}, {fooled_it} (attack success rate {rate:.0%})"
+        return f"{known}, {fooled_it} (attack success rate {rate:.0%}){self._errors()}"
+
+    def _errors(self) -> str:
+        """ ", 20 ended in error", when some did: neither passes nor failures, said so."""
+        return f", {self.errors} ended in error" if self.errors else ""
 
     def short(self) -> str:
         """The figures in few words, for a line that must fit: "40/40 known answers graded as
@@ -128,9 +151,9 @@ class Verdict:
         (passed, graded), (fooled, injected) = self.known, self.fooled
         known = f"{passed}/{graded} known answers graded as expected"
         return (
-            known
+            known + self._errors()
             if self.attack_success_rate is None
-            else (f"{known}, {fooled}/{injected} injections fooled it")
+            else (f"{known}, {fooled}/{injected} injections fooled it{self._errors()}")
         )
 
     def line(self) -> str:
@@ -147,6 +170,12 @@ class Verdict:
 
     def _named(self, kind: str) -> str:
         passed, graded = self.passed[kind], self.graded[kind]
+        if self._unchecked(kind):
+            errored = self.errored.get(kind, 0)
+            return (
+                f"{kind} not checked: {errored}/{errored + graded} {kind} controls ended in "
+                "error (their reasons in judge_controls.csv; rerun `ragexam judge` to retry)"
+            )
         if kind in KNOWN:
             return f"{KINDS[kind].failing}: {passed}/{graded} {kind} controls passed"
         return f"{KINDS[kind].failing}: {graded - passed}/{graded} {kind} controls fooled it"
@@ -163,13 +192,13 @@ def read_verdict(out: Path) -> Verdict | None:
         return None
     required = ("control", "completeness", "conciseness", "status")
     passed, graded = dict.fromkeys(KINDS, 0), dict.fromkeys(KINDS, 0)
-    errors, failures = 0, []
+    errored, failures = dict.fromkeys(KINDS, 0), []
     for line, row in enumerate(read_rows(path, required), start=2):
         kind = KINDS.get(row["control"])
         if kind is None:
             raise InputFileError(path, f"line {line}: unknown control {row['control']!r}")
         if row["status"] != "ok":
-            errors += 1
+            errored[row["control"]] += 1
             continue
         completeness = _grade(path, line, row, "completeness")
         conciseness = _grade(path, line, row, "conciseness")
@@ -180,7 +209,7 @@ def read_verdict(out: Path) -> Verdict | None:
             continue
         failures.append(_failure(row, completeness, conciseness, broken))
     failures.sort(key=lambda failure: -failure.distance)
-    return Verdict(passed, graded, errors, failures[:WORST_FAILURES])
+    return Verdict(passed, graded, sum(errored.values()), failures[:WORST_FAILURES], errored)
 
 
 def _grade(path: Path, line: int, row: Mapping[str, str], name: str) -> float:

@@ -54,7 +54,7 @@ def controls_panel(verdict: Verdict | None, hint: bool = True) -> str:
             page.cell(escape(name), "d"),
             page.cell(escape(kind.answer), "text"),
             page.cell(escape(kind.bounds.text()), "text"),
-            page.cell(f"{verdict.passed[name]}/{verdict.graded[name]}"),
+            page.cell(f"{verdict.passed[name]}/{verdict.graded[name]}{_errored(verdict, name)}"),
         ]
         for name, kind in KINDS.items()
     ]
@@ -73,6 +73,12 @@ def controls_panel(verdict: Verdict | None, hint: bool = True) -> str:
         f'<p style="color:#d1242f"><b>{line}</b></p><p class="note">{escape(HOW)}</p>'
         f"{content}{after}</section>"
     )
+
+
+def _errored(verdict: Verdict, kind: str) -> str:
+    """ ", 10 errors" after a kind's passes, when some of its controls ended in error."""
+    errored = verdict.errored.get(kind, 0)
+    return f", {errored} error{'s' if errored != 1 else ''}" if errored else ""
 
 
 def _rates(verdict: Verdict) -> str:
