@@ -95,8 +95,10 @@ def test_every_figure_matches_the_hand_derived_value(tmp_path: Path) -> None:
     )
     f = numbers(docs["F"], "questions", "pending", "n_judged", "completeness_mean", "hit_rate")
     assert f[:3] == [1, 1, 0] and math.isnan(f[3]) and f[4] == 1
+    # A's diagnosis reads its graded questions, a1 to a3: completeness 0.5 and hit rate 2/3
+    # (the hit rate of all five answers is 4/5)
     assert {doc: row["diagnosis"] for doc, row in docs.items()} == {
-        "A": "generation",
+        "A": "retrieval",
         "B": "too much context",
         "=C": "generation",
         "D": "retrieval",
@@ -308,6 +310,58 @@ def test_the_headline_of_a_run_whose_every_question_failed_says_so(tmp_path: Pat
     said = " ".join(result.output.split())
     assert "Every one of the 3 questions ended in error" in said
     assert "run answer and judge" not in said and "nan" not in said
+
+
+def graded_run(folder: Path, grades: dict[str, tuple[str, int | str, float | None]]) -> Path:
+    """A run of qa_id: (document, rank or "" for a miss, completeness or None for a judge
+    error row); conciseness 1."""
+    folder.mkdir(parents=True)
+    qa = [[q, f"c-{q}", doc, f"Q {q}?", f"T {q}", "ok", ""] for q, (doc, _, _) in grades.items()]
+    write_csv(folder / "qa_dataset.csv", QA_HEADER, qa)
+    answers = [
+        [q, f"A {q}", json.dumps([f"c-{q}"]), rank, "ok", ""] for q, (_, rank, _) in grades.items()
+    ]
+    write_csv(folder / "answers.csv", ANSWER_HEADER, answers)
+    judged = [
+        [q, "", "", "error", "invalid JSON"] if value is None else [q, value, 1.0, "ok", ""]
+        for q, (_, _, value) in grades.items()
+    ]
+    write_csv(folder / "judgments.csv", JUDGE_HEADER, judged)
+    return folder
+
+
+def test_with_judge_errors_the_diagnosis_reads_grades_and_retrieval_of_the_same_questions(
+    tmp_path: Path,
+) -> None:
+    # M's 4 answers missed their chunk and were graded 0.1; G's 14 hit, and their grades all
+    # ended in error. The graded questions' hit rate is 0: retrieval, not generation (whose
+    # reading paired M's grades with the hit rate of all 18, 78%).
+    grades: dict[str, tuple[str, int | str, float | None]] = {
+        f"m{i}": ("M", "", 0.1) for i in range(4)
+    }
+    grades |= {f"g{i}": ("G", 1, None) for i in range(14)}
+    run = graded_run(tmp_path / "run", grades)
+    result = run_cli("stats", "--out", str(run))
+    assert result.exit_code == 0, result.output
+    by_document, overall, _ = summaries(run)
+    assert (overall["diagnosis"], by_document["M"]["diagnosis"]) == ("retrieval", "retrieval")
+    assert float(overall["hit_rate"]) == pytest.approx(14 / 18)  # still of every answer
+    said = " ".join(result.output.split())
+    assert "Answers are 10% complete (of the 4 graded; 14 in error)" in said
+    assert "retrieve better first" in said
+
+
+def test_a_mean_of_the_threshold_is_not_below_it(tmp_path: Path) -> None:
+    # (1 + 1/3 + 1/3 + 2/3 + 2/3) / 5 is 0.6 written, 0.5999999999999999 as a float
+    values = [1.0, 1 / 3, 1 / 3, 2 / 3, 2 / 3]
+    grades: dict[str, tuple[str, int | str, float | None]] = {
+        f"q{i}": ("D", 1, value) for i, value in enumerate(values)
+    }
+    run = graded_run(tmp_path / "run", grades)
+    assert run_cli("stats", "--out", str(run)).exit_code == 0
+    by_document, overall, _ = summaries(run)
+    assert by_document["D"]["completeness_mean"] == "0.6"
+    assert by_document["D"]["diagnosis"] == overall["diagnosis"] == "ok"
 
 
 def test_stats_on_a_folder_that_is_not_there_makes_none(tmp_path: Path) -> None:

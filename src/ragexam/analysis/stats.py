@@ -174,7 +174,11 @@ def _columns(
     completeness, conciseness, counted = _read_from(questions, groups, n, read, alone, columns)
     graded = np.where(alone, columns["n_judged"], counted)  # what the diagnosis is read from
     columns.update(control_means(questions, groups[answerable], answerable, n, completeness))
-    diagnosis = diagnose(completeness, conciseness, columns["hit_rate"], graded)
+    # the hit rate of the questions the grades are read from: with judge errors among them,
+    # the grades of a few would else be read beside the retrieval of all
+    both = scored & read
+    hit_rate = states.means(groups[both], states.index[both], n)[1][:, RETRIEVAL.index("hit_rate")]
+    diagnosis = diagnose(completeness, conciseness, hit_rate, graded)
     low_conciseness = conciseness < LOW_CONCISENESS
     columns["diagnosis"] = measured_diagnosis(columns, diagnosis, low_conciseness)
     return pd.DataFrame(columns)
@@ -227,7 +231,11 @@ def _retrieval(
 def diagnose(
     completeness: FloatArray, conciseness: FloatArray, hit_rate: FloatArray, n_judged: IntArray
 ) -> npt.NDArray[np.str_]:
-    """The procedure's reading of each document: one of the keys of DIAGNOSES."""
+    """The procedure's reading of each document: one of the keys of DIAGNOSES. The means are
+    compared as written (rounded): a mean of 0.6 is not below 0.6 for a float's last bit."""
+    completeness, conciseness, hit_rate = (
+        np.round(values, 9) for values in (completeness, conciseness, hit_rate)
+    )
     low = completeness < LOW_COMPLETENESS
     cases = [n_judged == 0, low & (hit_rate < LOW_HIT_RATE), low, conciseness < LOW_CONCISENESS]
     return np.select(cases, ["not judged", "retrieval", "generation", "too much context"], "ok")

@@ -38,9 +38,11 @@ def headline(result: StatsResult) -> str:
     if advice == TRY["ok"] and made_up is not None and made_up >= MADE_UP:  # NaN: not
         advice = TRY["made up"]
     so_far = ""
-    if pending:  # the figures are of the graded questions alone: said, and the rest asked for
-        so_far = f" (of the {int(row.get('n_judged', 0)):,} graded; {pending:,} pending)"
-        if advice == TRY["ok"]:
+    errors = int(row.get("errors", 0) or 0)
+    if pending or errors:  # the figures are of the graded questions alone: said, as the rest
+        left = [f"{pending:,} pending"] * bool(pending) + [f"{errors:,} in error"] * bool(errors)
+        so_far = f" (of the {int(row.get('n_judged', 0)):,} graded; {', '.join(left)})"
+        if pending and advice == TRY["ok"]:
             advice = (
                 f"nothing urgent in what is graded, but grade the {pending:,} pending questions "
                 "first: run answer and judge, then stats"
