@@ -427,7 +427,7 @@ class LLM:
             number = await self.pacer.acquire(row.sizes()[0]) if batch is None else 0
             row.calls += 1
             sent = time.monotonic()
-            limited, delay = False, 0.0
+            limited, delay, said = False, 0.0, 0.0
             try:
                 value, raw = await once()
             except MethodRefused as exc:
@@ -440,6 +440,7 @@ class LLM:
                     row.reason, row.calls = self.redact(describe(exc)), row.calls - 1  # free
                     continue
                 limited = rate_limited(exc)
+                said = (retry_after(exc) or 0.0) if limited else 0.0  # the server's, not ours
                 delay = self._after_failure(exc, row, limited)
             else:
                 if batch is None:  # a batch line's time is the batch's, not the server's
@@ -454,7 +455,7 @@ class LLM:
                 return Reply(value, tokens[0], tokens[1], row.calls, latency, content_of(raw))
             finally:
                 if batch is None:
-                    self.pacer.release(number, limited=limited, wait=delay)
+                    self.pacer.release(number, limited=limited, wait=delay, said=said)
             if batch is None:  # a batch line's retry goes out in a later batch: no wait here
                 self.pacer.traffic.wait(delay)
                 await asyncio.sleep(delay)

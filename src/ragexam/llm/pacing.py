@@ -181,9 +181,17 @@ class Pacer:
             raise
 
     def release(
-        self, number: int, *, limited: bool, wait: float = 0.0, counted: bool = True
+        self,
+        number: int,
+        *,
+        limited: bool,
+        wait: float = 0.0,
+        counted: bool = True,
+        said: float | None = None,
     ) -> None:
-        """A call ended: a 429 (`limited`, to retry after `wait` s) shrinks the window.
+        """A call ended: a 429 (`limited`, to retry after `wait` s) shrinks the window. Only
+        a wait the server `said` (Retry-After) teaches a rate: ragexam's own backoff after a
+        429 that says nothing is no limit's (`said` None: `wait` is the server's).
 
         The cut is as deep as the share of 429s among the calls that ended since the last
         cut, up to 1 - MIN_DECREASE: a lone 429 trims the window, a storm cuts it by 30%.
@@ -207,8 +215,9 @@ class Pacer:
                 self.learned.refused(sent_at, now)
             if self._in_a_row == STORM:  # no new call until the server has a free slot,
                 self._hold_until = max(self._hold_until, now + wait)
-                if wait > 0:  # a limit says when a slot frees; random refusals say nothing
-                    self.learned.storm(now, wait)
+                told = wait if said is None else said
+                if told > 0:  # a limit says when a slot frees; random refusals say nothing
+                    self.learned.storm(now, told)
                 if not learned:
                     self.window = max(1.0, self.window * MIN_DECREASE)  # and fewer after it
             if not learned and number > self._cut_at and now - self._cut_time >= self._rtt:
