@@ -3,6 +3,7 @@ moved to FILE.bad-rows and every good row is kept."""
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,45 @@ def test_an_extra_field_in_answers_loses_only_that_row(env: FakeOpenAI, tmp_path
     bad = (tmp_path / "run" / "answers.csv.bad-rows").read_text(encoding="utf-8")
     assert bad.startswith("# line 11: has ") and lines[10] in bad
     assert len(read_csv(output)) == 12
+
+
+def without_column(path: Path, name: str) -> bytes:
+    """Take a column out of a CSV, as a spreadsheet edit would; the bytes written."""
+    rows = read_csv(path)
+    columns = [column for column in rows[0] if column != name]
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("stage", "file", "column"),
+    [
+        ("generate", "qa_dataset.csv", "question"),
+        ("answer", "answers.csv", "answer"),
+        ("judge", "judgments.csv", "completeness"),
+    ],
+)
+def test_an_output_that_lost_a_value_column_is_refused_not_resumed_empty(
+    env: FakeOpenAI, tmp_path: Path, stage: str, file: str, column: str
+) -> None:
+    # Resumed, its ok rows would be values left empty: "nothing to do", and the next stage
+    # would grade blank answers over the good grades.
+    store = build_store(tmp_path / "store", docs(4))
+    env.embedding_dim = 16  # the store's
+    common = ("--out", "run", "--embedding", "openai:fake-embed")
+    first = run_cli("run", "--chroma", str(store), *common, "--controls", "0")
+    assert first.exit_code == 0, first.output
+    kept = without_column(tmp_path / "run" / file, column)
+    grades = (tmp_path / "run" / "judgments.csv").read_bytes()
+    calls = env.count()
+    reads = ("--chroma", str(store), "--embedding", "openai:fake-embed")
+    result = run_cli(stage, "--out", "run", *(("--controls", "0") if stage == "judge" else reads))
+    assert result.exit_code == 2, result.output
+    assert f"run/{file}: line 1: lacks the column(s) {column}" in result.output
+    assert result.output.count("\n") == 1
+    assert (tmp_path / "run" / file).read_bytes() == kept and env.count() == calls
+    if stage != "judge":
+        assert (tmp_path / "run" / "judgments.csv").read_bytes() == grades

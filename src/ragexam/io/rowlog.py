@@ -19,9 +19,12 @@ HELD_BYTES = 1 << 18  # rows held (RowLog.hold) are written at the latest at thi
 class RowLog:
     """An append-only CSV of result rows that survives being killed at any byte."""
 
-    def __init__(self, path: Path, columns: Sequence[str]) -> None:
+    def __init__(self, path: Path, columns: Sequence[str], required: Sequence[str] = ()) -> None:
         self.path = path
         self.columns = list(columns)
+        # columns an existing file must have: the rows' values. Others an older version did
+        # not write are read empty; these, read empty, would be `ok` rows with no value.
+        self.required = tuple(required)
         self.quarantined = 0  # unreadable rows moved to FILE.bad-rows by the last load
         self._fd: int | None = None
         self._spans: array[int] | None = None  # start and end of each row the last load read
@@ -133,6 +136,13 @@ class RowLog:
                 self.path,
                 "exists with other columns than this version writes; "
                 "move it away or choose another --out",
+            )
+        lacking = [name for name in self.required if name not in header]
+        if lacking:  # an edit took them out: resumed, its ok rows would have no value
+            raise OutputFileError(
+                self.path,
+                f"line 1: lacks the column(s) {', '.join(lacking)}, which hold its rows' "
+                "values; put them back, or move the file away to make it again",
             )
 
     def _quarantine(self, source: IO[bytes], offset: int, bad: list[Record]) -> None:

@@ -99,6 +99,7 @@ def run_answer(settings: Settings, given: Given, session: Session) -> StageResul
         system.model,
         system.prompt_hash,
         system.fixed(),
+        required=("answer",),
     )
     record = {
         **plan.manifest(settings, store, collection),

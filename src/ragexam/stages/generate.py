@@ -108,6 +108,7 @@ def run_generate(settings: Settings, given: Given, session: Session) -> StageRes
         plan.prompt.hash,
         fixed,
         legacy=fixed,  # older versions recorded no temperature: theirs is not a difference
+        required=("question", "ground_truth_answer"),
     )
     how = run_settings(given, settings)
     folder.claim(exam)

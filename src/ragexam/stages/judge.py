@@ -184,7 +184,8 @@ class JudgePlan:
         model, prompt = self.llm.model, self.prompt.hash
         legacy = {"temperature": self._recorded_temperature(path.parent, name)}
         legacy["with_context"] = False  # versions before it graded without the context
-        return Stage(name, path, key, columns, model, prompt, fixed, legacy=legacy)
+        values = ("completeness", "conciseness")
+        return Stage(name, path, key, columns, model, prompt, fixed, legacy, values)
 
     def _recorded_temperature(self, out: Path, stage: str) -> float:
         """The temperature older rows, which did not record it, were graded at: the one the

@@ -86,6 +86,8 @@ class Stage:
     fixed: Mapping[str, Any] = field(default_factory=dict)  # settings every row must share
     # Of those, the ones older versions did not record, with the value their rows were made at.
     legacy: Mapping[str, Any] = field(default_factory=dict)
+    # the columns of the rows' values, which every version wrote: a file without one is refused
+    required: Sequence[str] = ()
 
     def all_columns(self) -> list[str]:
         """The output's columns: the key, the stage's own, then the runner's."""
@@ -205,7 +207,7 @@ class Runner:
         earlier: Sent | None = None,
     ) -> None:
         self.stage = stage
-        self.log = RowLog(stage.path, stage.all_columns())
+        self.log = RowLog(stage.path, stage.all_columns(), (stage.key, *stage.required))
         self.concurrency = concurrency
         self.force = force
         self.redact = redact
