@@ -46,6 +46,26 @@ def test_another_store_or_collection_is_refused_naming_both(
     assert elsewhere.exit_code == 0, elsewhere.output
 
 
+def test_a_manifest_edited_out_of_json_is_refused_not_rebuilt_to_take_another_store(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    env.embedding_dim = 16
+    first = build_store(tmp_path / "first", docs(4))
+    second = build_store(tmp_path / "second", docs(5), collection="other")
+    assert run_cli("generate", "--chroma", str(first), "--out", "run").exit_code == 0
+    manifest = tmp_path / "run" / "manifest.json"
+    edited = manifest.read_text().replace('"collection": "handbook"', '"collection": "handbook",')
+    assert edited != manifest.read_text()
+    manifest.write_text(edited)  # a trailing comma: no longer JSON
+    before, calls = fingerprint(tmp_path / "run"), env.count()
+    for command in (("generate", "--chroma", str(second)), ("stats",)):
+        refused = run_cli(*command, "--out", "run")
+        assert refused.exit_code == 2, refused.output
+        assert refused.output.startswith("Error: run/manifest.json: is not valid JSON (line ")
+        assert refused.output.count("\n") == 1
+    assert fingerprint(tmp_path / "run") == before and env.count() == calls
+
+
 @pytest.mark.parametrize(
     ("option", "value", "named"),
     [("--samples", "3", "samples"), ("--scale", "ten", "scale"), ("--temperature", "0.5", "temp")],

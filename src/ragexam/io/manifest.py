@@ -80,14 +80,34 @@ def set_run_field(out: Path, name: str, value: Any) -> Path:
 
 
 def _current(path: Path) -> dict[str, Any]:
-    """The manifest to update: {} when there is none or it is torn; refused when not an object."""
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        manifest = {}  # a torn manifest is rebuilt; the CSVs are the record of results
+    """The manifest to update: {} when there is none; refused when not a JSON object."""
+    manifest = _parsed(path)
     if not isinstance(manifest, dict):
         raise OutputFileError(path, "is not a JSON object; move it away and ragexam rebuilds it")
     return manifest
+
+
+def _parsed(path: Path) -> Any:
+    """The manifest's JSON, {} when there is none. One that does not parse is refused, not
+    rebuilt: it was edited (ragexam writes it whole, by a rename), and rebuilt it would forget
+    the store the folder's exam is of, and take another's."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise OutputFileError(path, f"cannot be read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise OutputFileError(path, "is not UTF-8 text; " + _FIX) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        where = f"line {exc.lineno}, column {exc.colno}: {exc.msg}"
+        raise OutputFileError(path, f"is not valid JSON ({where}); {_FIX}") from None
+
+
+# how to go on from a manifest that does not parse
+_FIX = "fix it, or move it away and ragexam rebuilds it (forgetting which store the exam is of)"
 
 
 def _write(path: Path, text: str) -> None:
@@ -96,10 +116,9 @@ def _write(path: Path, text: str) -> None:
 
 
 def read_manifest(out: Path) -> dict[str, Any]:
-    """The run folder's manifest, or an empty one."""
+    """The run folder's manifest, or an empty one (none yet, or a folder that is none)."""
     path = out / "manifest.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+    if not out.is_dir():
         return {}
+    data = _parsed(path)
     return data if isinstance(data, dict) else {}
