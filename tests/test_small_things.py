@@ -119,3 +119,24 @@ def test_openais_own_base_url_still_needs_the_key(
     result = run_cli("judge", "--out", str(tmp_path / "run"), "--controls", "0")
     assert result.exit_code == 2
     assert result.output.startswith("Error: OPENAI_API_KEY is not set")
+
+
+def test_a_base_url_set_empty_is_openais_for_every_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A `.env` line `OPENAI_BASE_URL=` is no URL: the SDK read it from the environment and
+    # sent the embeddings to "" ("missing an 'http://' or 'https://' protocol").
+    from ragexam.config import OPENAI_URL, Settings
+    from ragexam.llm.batchapi import BatchApi
+    from ragexam.llm.client import LLM
+    from ragexam.rag.embedders import OpenAIEmbedder
+
+    monkeypatch.setenv("OPENAI_BASE_URL", "")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    assert settings.openai_base_url is None
+    embedder = OpenAIEmbedder(settings, "text-embedding-3-small")
+    assert str(embedder.client.async_client._client.base_url) == OPENAI_URL + "/"
+    chat = LLM(settings, "gpt-4o-mini").chat.root_async_client
+    assert str(chat.base_url) == OPENAI_URL + "/"
+    assert str(BatchApi(settings).client.base_url) == OPENAI_URL + "/"

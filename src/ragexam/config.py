@@ -75,6 +75,9 @@ def _env(*names: str) -> Any:
 
 
 OPENAI_HOST = "api.openai.com"  # a base URL of OpenAI's own needs the key as the default does
+# What the clients are given when no base URL is set: else the SDK reads OPENAI_BASE_URL
+# itself, and takes one set empty (a `.env` line `OPENAI_BASE_URL=`) for a URL.
+OPENAI_URL = "https://api.openai.com/v1"
 
 
 class Settings(BaseSettings):
@@ -148,9 +151,9 @@ class Settings(BaseSettings):
     @classmethod
     def _http_url(cls, value: str | None, info: Any) -> str | None:
         names = {"openai_base_url": "OPENAI_BASE_URL"}
-        if value:
+        if value and value.strip():
             parse_http_url(value, names.get(info.field_name, "RAGEXAM_EMBEDDING_BASE_URL"))
-        return value
+        return value if value and value.strip() else None  # set empty (`.env`'s `KEY=`): unset
 
     def model_for(self, stage: Stage) -> str:
         """The model a stage uses: its own variable if set, else RAGEXAM_MODEL."""
@@ -209,6 +212,8 @@ def export_env_file(env_file: Path = Path(".env")) -> None:
     for name, value in _env_file_values(env_file).items():
         if value is not None:
             os.environ.setdefault(name, value)
+    if not os.environ.get("OPENAI_BASE_URL", "x").strip():  # set empty: unset, for libraries
+        del os.environ["OPENAI_BASE_URL"]
     base_url = os.environ.get("OPENAI_BASE_URL")
     if not os.environ.get("OPENAI_API_KEY") and base_url and not _openai(base_url):
         os.environ["OPENAI_API_KEY"] = "not-needed"  # a local server: libraries insist on one

@@ -21,7 +21,7 @@ from typing import Any
 import openai
 from pydantic import BaseModel
 
-from ragexam.config import Settings
+from ragexam.config import OPENAI_URL, Settings
 from ragexam.errors import AuthError, EndpointError
 from ragexam.io.atomic import write_error
 from ragexam.llm.failures import describe
@@ -134,7 +134,7 @@ class BatchApi:
         self.retries, self.backoff = settings.max_retries, settings.retry_backoff
         self.client = openai.AsyncOpenAI(
             api_key=settings.api_key().get_secret_value(),
-            base_url=settings.openai_base_url,
+            base_url=settings.openai_base_url or OPENAI_URL,
             timeout=settings.timeout,
             max_retries=settings.max_retries,
         )

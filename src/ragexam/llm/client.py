@@ -28,7 +28,7 @@ from langchain_core.runnables import Runnable
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, ValidationError
 
-from ragexam.config import Settings, StructuredMethod, SystemRole
+from ragexam.config import OPENAI_URL, Settings, StructuredMethod, SystemRole
 from ragexam.errors import AuthError, LLMError, LocalClientError, OutputError
 from ragexam.io.batchfiles import Answer
 from ragexam.llm import deferred
@@ -143,7 +143,7 @@ class LLM:
         self.chat = ChatOpenAI(
             model=model,
             api_key=settings.api_key(),
-            base_url=settings.openai_base_url,
+            base_url=settings.openai_base_url or OPENAI_URL,
             timeout=settings.timeout,
             max_retries=0,
             temperature=temperature,
