@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import math
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -373,7 +376,17 @@ ODD_EMBEDDINGS = {
         with_items(lambda items: [{**items[0], "embedding": [0.5]}, *items[1:]]),
         "different lengths",
     ),
+    "nan": (with_items(lambda items: [{**i, "embedding": nan_like(i)} for i in items]), "NaN"),
 }
+
+
+def nan_like(item: dict[str, Any]) -> Any:
+    """A vector of NaNs as long as the item's, in its encoding (base64 floats, or a list)."""
+    vector = item["embedding"]
+    if isinstance(vector, str):
+        count = len(base64.b64decode(vector)) // 4
+        return base64.b64encode(struct.pack(f"<{count}f", *[math.nan] * count)).decode()
+    return [math.nan] * len(vector)
 
 
 @pytest.mark.parametrize("embedding", ["openai:fake-embed", "collection"])
@@ -397,3 +410,22 @@ def test_embeddings_no_retriever_can_use_are_a_one_line_error_before_any_answer(
         assert lines[0].startswith("Error: the embedding endpoint (openai:fake-embed at http")
         assert said in lines[0] and result.exit_code == 4
     assert env.count() == 0  # no answer was asked for
+
+
+def test_a_stored_embedding_function_that_needs_an_unset_key_is_a_one_line_error(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # --batch-dir needs no key for its chat calls, but the store's own embedding function
+    # needs one to embed the questions: Chroma refuses to make it (a ValueError, once "a bug")
+    store = make_store(tmp_path / "store", env)
+    write_qa(
+        tmp_path / "run" / "qa_dataset.csv", [{"qa_id": "q0", "chunk_id": "c0", "question": "Q?"}]
+    )
+    monkeypatch.delenv("OPENAI_API_KEY")
+    monkeypatch.delenv("OPENAI_BASE_URL")  # OpenAI's own: a key is needed, none is lent
+    result = run_cli("answer", "--chroma", str(store), "--out", "run", "--batch-dir", "bd")
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert lines[0].startswith("Error: the embedding function stored with collection 'kbase'")
+    assert "OPENAI_API_KEY" in lines[0] and "--embedding openai:MODEL" in lines[0]
+    assert env.count("/embeddings") == 0 and not (tmp_path / "bd").exists()

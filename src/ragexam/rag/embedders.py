@@ -10,13 +10,14 @@ hosts the user named (keys.py).
 from __future__ import annotations
 
 import asyncio
+import math
 import warnings
 from contextlib import suppress
 from typing import Any, Protocol
 
 import openai
 
-from ragexam.config import Settings, env_file_lent
+from ragexam.config import OPENAI_URL, Settings, env_file_lent
 from ragexam.errors import ConfigError, EndpointError, StoreError
 from ragexam.llm.failures import describe
 from ragexam.rag.keys import check_key_destination
@@ -43,8 +44,15 @@ class CollectionEmbedder:
     """The embedding function Chroma stored with the collection."""
 
     def __init__(self, collection: Any, settings: Settings, trust: bool = False) -> None:
-        with env_file_lent():  # the function reads its key variable from the environment
-            function = collection.configuration.get("embedding_function")
+        try:
+            with env_file_lent():  # the function reads its key variable from the environment
+                function = collection.configuration.get("embedding_function")
+        except ValueError as exc:  # Chroma could not make it: a key variable unset, as a rule
+            raise ConfigError(
+                f"the embedding function stored with collection {collection.name!r} cannot be "
+                f"made: {' '.join(str(exc).split())[:300]}; the questions are embedded with it, "
+                "so set what it asks for, or pass --embedding openai:MODEL"
+            ) from None
         tool = built_by(collection)
         if function is None:
             why = "as LangChain stores have none" if tool == "LangChain" else "it was made "
@@ -102,13 +110,13 @@ class OpenAIEmbedder:
 
         self.name = f"openai:{model}"
         base_url = settings.embedding_base_url or settings.openai_base_url
-        self.base_url = mask_url(base_url or "https://api.openai.com/v1")
+        self.base_url = mask_url(base_url or OPENAI_URL)
         self.endpoint: str | None = self.base_url
         self.redact = settings.redact
         self.client = OpenAIEmbeddings(
             model=model,
             openai_api_key=settings.api_key(),
-            openai_api_base=settings.embedding_base_url or settings.openai_base_url,
+            openai_api_base=base_url or OPENAI_URL,
             request_timeout=settings.timeout,
             max_retries=settings.max_retries,
             check_embedding_ctx_length=False,  # would download tiktoken's encodings
@@ -163,7 +171,8 @@ def plain_vectors(vectors: Any, count: int) -> tuple[list[list[float]], str | No
     """The vectors, or what is wrong with them: one vector a text, all of one length, each a
     list of numbers, as told by its ends (19 µs a batch of 64 at 1,536 dimensions; every
     number would take 1.8 ms, half a minute at a million questions, for what JSON already made
-    numbers)."""
+    numbers), and finite, as told by their sum (~0.4 ms a batch: a NaN in a vector, as a
+    base64 reply can carry, would rank every chunk alike)."""
     if not isinstance(vectors, list) or len(vectors) != count:
         got = len(vectors) if isinstance(vectors, list) else "no list of"
         return [], f"answered {got} vectors for {count} texts"
@@ -174,6 +183,8 @@ def plain_vectors(vectors: Any, count: int) -> tuple[list[list[float]], str | No
         return [], "answered vectors that are not lists of numbers"
     if len({len(vector) for vector in vectors}) > 1:
         return [], "answered vectors of different lengths for one batch of texts"
+    if not all(math.isfinite(sum(vector)) for vector in vectors):
+        return [], "answered vectors holding NaN or infinite numbers"
     return vectors, None
 
 
