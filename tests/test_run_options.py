@@ -88,3 +88,23 @@ def test_without_batches_the_exams_grades_come_before_the_control_runs_answers(
     assert result.exit_code == 1, result.output  # every grade an error row
     assert len(read_csv(tmp_path / "run" / "answers.csv")) == 3
     assert not (tmp_path / "run" / "gold" / "answers.csv").exists()
+
+
+@pytest.mark.parametrize(
+    "writing", [("--sample", "3"), ("--multi-hop", "2"), ("--check",), ("--exam-temperature", "1")]
+)
+def test_run_with_an_exam_refuses_the_options_that_write_one(
+    env: FakeOpenAI, tmp_path: Path, writing: tuple[str, ...]
+) -> None:
+    # --qa-dataset skips generate: its options would be ignored, and all 6 questions paid for
+    # where the user asked for 3
+    env.embedding_dim = 16
+    store = build_store(tmp_path / "store", docs(6))
+    assert run_cli("generate", "--chroma", str(store), "--out", "exam").exit_code == 0
+    calls = env.count()
+    exam = str(tmp_path / "exam" / "qa_dataset.csv")
+    result = run_cli("run", "--chroma", str(store), "--qa-dataset", exam, "--out", "run", *writing)
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"Error: {writing[0]} write(s) the exam, and --qa-dataset")
+    assert result.output.count("\n") == 1
+    assert env.count() == calls and not (tmp_path / "run").exists()

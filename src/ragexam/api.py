@@ -516,10 +516,28 @@ def _check_run(given: Given) -> None:
             "--control-runs answer with the built-in answerer, which is not your --rag system: "
             "their completeness would compare two answerers; run them without --rag"
         )
+    if given.inputs.qa_dataset is not None:
+        writing = _writing_options(given)
+        if writing:
+            raise ConfigError(
+                f"{', '.join(writing)} write(s) the exam, and --qa-dataset names one written "
+                "already: run generate with them into a folder of its own, or leave them out"
+            )
     if given.summary.fail_under is not None:
         from ragexam.analysis.gates import parse_bounds
 
         parse_bounds(given.summary.fail_under)
+
+
+def _writing_options(given: Given) -> list[str]:
+    """The options given that only the writing of an exam reads (generate's)."""
+    exam, default = given.exam, type(given.exam)()
+    return [
+        "--" + name.replace("_", "-")
+        for name in ("doc_key", "sample", "per_document", "validation", "check", "multi_hop",
+                     "unanswerable", "exam_temperature")
+        if getattr(exam, name) != getattr(default, name)
+    ]  # fmt: skip
 
 
 def _whole(given: Given, results: dict[str, Result], session: Session) -> Result:
