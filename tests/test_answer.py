@@ -284,6 +284,25 @@ def test_retrieved_chunks_as_one_string_or_mapping_are_refused_not_read_letter_b
     assert f"retrieved chunks are {said}, not a list of chunks" in rows["b"]["error"]
 
 
+@pytest.mark.parametrize(
+    ("returned", "said"),
+    [
+        (r"return 'bad \udcff', ['c1']", "answer holds '\\udcff' at character 4"),
+        (r"return 'an answer', ['c\ud800']", "chunk id at rank 1 holds '\\ud800' at character 1"),
+    ],
+    ids=["answer", "chunk-id"],
+)
+def test_a_lone_surrogate_from_a_rag_is_that_rows_error_not_a_crash(
+    env: FakeOpenAI, tmp_path: Path, returned: str, said: str
+) -> None:
+    # Once "UnicodeEncodeError ... this is a bug", at every rerun on the same row.
+    name = "surrogate_id_rag" if "chunk id" in said else "surrogate_answer_rag"
+    rows = answered_by_a_rag_that_fails(env, tmp_path, name, returned)
+    assert rows["a"]["status"] == rows["c"]["status"] == "ok"
+    assert rows["b"]["status"] == "error" and said in rows["b"]["error"], rows["b"]["error"]
+    assert rows["b"]["answer"] == ""
+
+
 def test_a_rag_module_that_exits_at_import_is_a_one_line_error(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:

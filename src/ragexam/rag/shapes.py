@@ -56,7 +56,29 @@ def type_name(value: Any) -> str:
 
 
 def read_result(result: Any) -> Got:
-    """The answer and retrieved chunks of a RAG result, or RowError saying what came instead."""
+    """The answer and retrieved chunks of a RAG result, or RowError saying what came instead
+    (or that a text holds what UTF-8 cannot write: the row could not be kept)."""
+    got = _read(result)
+    _writable(got.answer, "answer")
+    for rank, hit in enumerate(got.hits or (), start=1):
+        _writable(hit.id or "", f"chunk id at rank {rank}")
+        _writable(hit.text or "", f"chunk text at rank {rank}")
+    return got
+
+
+def _writable(text: str, what: str) -> None:
+    """RowError when the text holds a lone surrogate (a str from bytes decoded with
+    `surrogateescape`, or cut mid-pair), which no UTF-8 file can hold."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RowError(
+            f"the RAG callable's {what} holds {text[exc.start : exc.end]!r} at character "
+            f"{exc.start}, a lone surrogate, not a character: UTF-8 cannot write it"
+        ) from None
+
+
+def _read(result: Any) -> Got:
     if isinstance(result, tuple) and len(result) == 2:
         answer, retrieved = result
         return _got(answer, retrieved, f"a tuple ({type_name(answer)}, {type_name(retrieved)})")
