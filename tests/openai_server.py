@@ -88,6 +88,8 @@ class Quirks:
     tools_finish_as_tool_calls: bool = False  # llama.cpp: "tool_calls" even when cut at the limit
     words_per_second: float | None = None  # a CPU server: one reply at a time, written at this
     # speed, and written to the end even for a caller that gave up waiting
+    # the chat models it serves; another is answered 404 model_not_found, as OpenAI does
+    serves: frozenset[str] | None = None
 
 
 @dataclass
@@ -289,6 +291,13 @@ class FakeOpenAI:
         return rec, out.payload if out.raw is None else _json_or_text(out.raw.decode())
 
     def _chat(self, body: JSON, rec: Recorded, *, batch: bool = False) -> _Out:
+        if self.quirks.serves is not None and body.get("model") not in self.quirks.serves:
+            message = (
+                f"The model `{body.get('model')}` does not exist or you do not have access to it."
+            )
+            out = _error(404, message)
+            out.payload["error"]["code"] = "model_not_found"
+            return out
         status = self.quirks.json_schema_status
         if status is not None and (body.get("response_format") or {}).get("type") == "json_schema":
             return _error(status, self.quirks.json_schema_message)

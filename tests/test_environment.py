@@ -59,6 +59,19 @@ def test_a_malformed_chroma_url(env: FakeOpenAI, tmp_path: Path, url: str) -> No
     one_line_error(result, 2, "--chroma-url")
 
 
+def test_a_model_the_endpoint_does_not_serve_is_named_not_the_url(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # OpenAI answers an unknown model 404 model_not_found: the URL is right, and the error
+    # said "no chat completions at that URL", pointing at the endpoint
+    env.quirks.serves = frozenset({"gpt-4o-mini"})
+    store = build_store(tmp_path / "store", docs(3))
+    result = run_cli("generate", "--chroma", str(store), "--out", "run", "--model", "gpt-5-nope")
+    one_line_error(result, 2, "serves no such model", "gpt-5-nope", "--model")
+    assert "at that URL" not in result.output
+    assert env.count() < 3  # stopped at the first reply: every call would fail alike
+
+
 def test_a_manifest_that_is_not_an_object(env: FakeOpenAI, tmp_path: Path) -> None:
     store = build_store(tmp_path / "store", docs(3))
     (tmp_path / "run").mkdir()

@@ -3,7 +3,8 @@
     RagexamError              caught once by the CLI: "Error: <message>", exit 2
     ├── ConfigError           a setting is missing or invalid (API key, option values)
     │   ├── RagShapeError     the user's RAG returns what cannot be read or matched
-    │   └── LocalClientError  the HTTP client failed inside ragexam, not at the endpoint
+    │   ├── LocalClientError  the HTTP client failed inside ragexam, not at the endpoint
+    │   └── UnknownModel      the endpoint serves no model of that name
     ├── StoreError            the Chroma store or collection cannot be read as asked
     ├── InputFileError        an input CSV is missing, unreadable or lacks columns
     ├── OutputFileError       an existing output cannot be resumed safely, or written
@@ -50,6 +51,12 @@ class RagShapeError(ConfigError):
 
 class LocalClientError(ConfigError):
     """The HTTP client failed inside ragexam (its packages disagree), not at the endpoint."""
+
+    stops_stage = True
+
+
+class UnknownModel(ConfigError):
+    """The endpoint answers that it serves no model of the name asked for."""
 
     stops_stage = True
 

@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 if TYPE_CHECKING:  # the SDK loads with the first stage, not with the CLI's run scope
     import openai
 
-from ragexam.errors import EndpointError
+from ragexam.errors import EndpointError, UnknownModel
 from ragexam.io.manifest import read_manifest
 from ragexam.urls import mask_url
 
@@ -267,6 +267,16 @@ def _raised_in_the_stack(exc: BaseException) -> bool:
     return False
 
 
+def no_such_model(exc: Exception) -> bool:
+    """Whether a 404 says the model is unknown, not the URL: OpenAI's `model_not_found`, or
+    the words vLLM ("The model `x` does not exist"), Ollama ("model \"x\" not found") and
+    llama.cpp servers use."""
+    if getattr(exc, "code", None) == "model_not_found":
+        return True
+    said = str(exc).lower()
+    return "model" in said and ("does not exist" in said or "not found" in said)
+
+
 class Reachability:
     """Stops a stage whose first calls all fail to reach the endpoint (or hit a wrong URL)."""
 
@@ -286,6 +296,12 @@ class Reachability:
         """Book a failed call; raise EndpointError at the UNREACHABLE_TO_STOP-th miss."""
         import openai  # loaded by then: the call that failed went through it
 
+        if isinstance(exc, openai.NotFoundError) and no_such_model(exc):
+            raise UnknownModel(  # the endpoint is the right one: the model is not among its own
+                f"the endpoint {self.endpoint} serves no such model: it answered HTTP 404 "
+                f"({self.redact(' '.join(str(exc).split())[:300])}); name one it serves with "
+                "--model (or RAGEXAM_MODEL)"
+            )
         timeout = isinstance(exc, openai.APITimeoutError)
         missed = isinstance(exc, openai.APIConnectionError | openai.NotFoundError) and not timeout
         if isinstance(exc, openai.APIStatusError) and not missed:
