@@ -7,7 +7,16 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support import BASE, rows, run_cli, write_run
+from support import (
+    ANSWER_HEADER,
+    BASE,
+    JUDGE_HEADER,
+    QA_HEADER,
+    rows,
+    run_cli,
+    write_csv,
+    write_run,
+)
 
 
 def figures(row: dict[str, str]) -> list[float]:
@@ -123,3 +132,54 @@ def test_a_large_document_is_compared_with_sampled_signs(tmp_path: Path) -> None
     assert figures(table["doc C", "completeness"]) == [0.5, 0.75, 0.25, 0.25, 0.25, 1 / 10001]
     assert counts(table["doc C", "completeness"]) == [25, 0, 0, 25]
     assert figures(table["doc A", "completeness"])[2:] == [0, 0, 0, 1]
+
+
+def forty(folder: Path, grades: dict[int, float | None]) -> Path:
+    """A run of 40 questions in one document, each retrieved at rank 1, graded 0.75 but for
+    `grades` (None: a judge error row)."""
+    folder.mkdir()
+    ids = [f"q{i}" for i in range(40)]
+    qa = [[qa_id, f"c-{qa_id}", "doc", f"Q {qa_id}?", f"T {qa_id}", "ok", ""] for qa_id in ids]
+    write_csv(folder / "qa_dataset.csv", QA_HEADER, qa)
+    answers = [[qa_id, "A", json.dumps([f"c-{qa_id}"]), 1, "ok", ""] for qa_id in ids]
+    write_csv(folder / "answers.csv", ANSWER_HEADER, answers)
+    judged = []
+    for i, qa_id in enumerate(ids):
+        grade = grades.get(i, 0.75)
+        error = [qa_id, "", "", "error", "invalid JSON"]
+        judged.append(error if grade is None else [qa_id, grade, 1.0, "ok", ""])
+    write_csv(folder / "judgments.csv", JUDGE_HEADER, judged)
+    return folder
+
+
+def test_the_gate_fails_only_on_a_regression_its_p_value_calls_significant(
+    tmp_path: Path,
+) -> None:
+    # 4 of 40 answers lose two thirds of their grade: the bootstrap CI lies below zero, but
+    # the randomisation test gives p = 0.125, printed beside it; the gate fired on the CI alone
+    a = forty(tmp_path / "a", {})
+    b = forty(tmp_path / "b", dict.fromkeys(range(4), 0.08))
+    shown = run_cli("compare", str(a), str(b), "--fail-on-regression")
+    assert shown.exit_code == 0, shown.output
+    row = rows(b / "comparison.csv")[("ALL", "completeness")]
+    assert float(row["ci_high"]) < 0 and float(row["p_value"]) == pytest.approx(0.125)
+    # 10 of 40: both say so, and the gate names the CI and the p-value
+    worse = forty(tmp_path / "worse", dict.fromkeys(range(10), 0.08))
+    failed = run_cli("compare", str(a), str(worse), "--fail-on-regression")
+    assert failed.exit_code == 3, failed.output
+    assert "completeness -0.168 (95% CI" in failed.output and ", p = 0.00" in failed.output
+
+
+def test_questions_graded_in_one_run_alone_are_said_to_be_left_out(tmp_path: Path) -> None:
+    # B's judge failed on the 4 questions that got worse: the comparison pairs 36, sees no
+    # change, and once said nothing of the 4
+    a = forty(tmp_path / "a", {})
+    b = forty(tmp_path / "b", dict.fromkeys(range(4)))
+    result = run_cli("compare", str(a), str(b), "--fail-on-regression")
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert (
+        "completeness, conciseness are compared on 36 of 40 paired questions: 4 graded in A "
+        "alone and 0 in B alone (error rows or pending) are left out"
+    ) in said
+    assert "hit, rr, ndcg are compared" not in said  # every question answered in both

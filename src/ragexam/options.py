@@ -237,7 +237,9 @@ class Comparing:
     run_b: Path | None = option(None, "The later run folder.", argument=True, required=True)
     out: Path | None = option(None, "Where comparison.csv goes [RUN_B].")
     seed: int = option(0, "Seed of the resampling.")
-    fail_on_regression: bool = option(False, "Exit 3 if a metric's 95% CI is wholly below zero.")
+    fail_on_regression: bool = option(
+        False, "Exit 3 if a metric got worse: 95% CI wholly below zero, and p < 0.05."
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -67,6 +67,7 @@ def run_compare(run_a: Path, run_b: Path, out: Path, seed: int = 0) -> CompareRe
     left_out = len(scores_a) + len(scores_b) - 2 * len(paired)
     if left_out:
         warnings.append(f"questions in only one of the runs are left out: {left_out}")
+    warnings += _one_sided(paired)
     table = _rows(paired, seed)
     documents = pd.Series(paired["document_a"].to_numpy(), index=paired["qa_id"].to_numpy())
     points, differing = keypointcompare.pair(run_a, run_b, documents)
@@ -114,6 +115,25 @@ def _scores(run: Path) -> pd.DataFrame:
         values = questions[metric].to_numpy() if column is None else table[:, column]
         scores[metric] = np.where(judged if column is None else scored, values, np.nan)
     return scores
+
+
+def _one_sided(paired: pd.DataFrame) -> list[str]:
+    """The paired questions a metric leaves out because only one run has its value (graded or
+    answered in one, an error or pending in the other): a regression among them is unseen."""
+    said = []
+    for metrics, what in (
+        (("completeness", "conciseness"), "graded"),
+        (("hit", "rr", "ndcg"), "answered"),
+    ):
+        a, b = (paired[f"{metrics[0]}_{run}"].notna().to_numpy() for run in "ab")
+        only_a, only_b = int((a & ~b).sum()), int((b & ~a).sum())
+        if only_a or only_b:
+            said.append(
+                f"{', '.join(metrics)} are compared on {int((a & b).sum())} of {len(paired)} "
+                f"paired questions: {only_a} {what} in A alone and {only_b} in B alone (error "
+                "rows or pending) are left out, and a change among them is not seen"
+            )
+    return said
 
 
 def _rows(paired: pd.DataFrame, seed: int) -> pd.DataFrame:
