@@ -387,15 +387,22 @@ def test_the_record_and_cost_cover_every_run_of_the_batch_job(
     cost = (billed["prompt"] * 2 + billed["completion"] * 8) / 1e6 / 2  # the batch price: half
     assert record["cost_usd"] == pytest.approx(cost)
     assert f"{2 * N} merged over the 3 runs of this batch job" in done.output
-    # A new job, for rows added since, is billed on its own.
+    # the folder's total: the job once, not once a run of it
+    assert record["spent_usd"] == pytest.approx(cost)
+    assert judge().exit_code == 0  # nothing to do: the job's record, and the total, stay
+    total = json.loads((tmp_path / "run" / "manifest.json").read_text())["cost_usd"]
+    assert total == pytest.approx(cost)
+    # A new job, for rows added since, is billed on its own, and the total adds it.
     exam(tmp_path / "run", N + 2)
     assert judge().exit_code == WAITING
     run_batch_files(env, tmp_path / "files")
     judge()
     run_batch_files(env, tmp_path / "files")
     assert judge().exit_code == 0
-    again = json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["judge"]
+    whole = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    again = whole["stages"]["judge"]
     assert again["calls"] == 4 and again["batch"]["requests"] == 4
+    assert whole["cost_usd"] == pytest.approx(cost + again["cost_usd"]) and again["cost_usd"] > 0
 
 
 def test_a_2xx_result_that_is_not_a_completion_is_asked_again_then_an_error_row(

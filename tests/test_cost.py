@@ -175,6 +175,37 @@ def test_run_records_each_stage_cost_and_the_total(
     assert "run cost: $" in result.output
 
 
+def test_the_folders_total_adds_up_every_run_and_a_rerun_with_nothing_to_do_keeps_it(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each run's record covered itself: after a resume the total was the resumed part's
+    # cost, and a rerun that found nothing to do made it $0
+    env.embedding_dim = 16
+    monkeypatch.setenv("RAGEXAM_PRICE_INPUT", "1")
+    monkeypatch.setenv("RAGEXAM_PRICE_OUTPUT", "4")
+    store = build_store(tmp_path / "store", [Document(d.page_content, id=d.id) for d in docs(8)])
+    args = ("run", "--chroma", str(store), "--out", "run", "--embedding", "openai:embedder")
+    args += ("--model", "my-local-llama", "--controls", "1")
+    paid = []  # what each run's calls cost, stage by stage, from the test server's records
+
+    def run(*more: str) -> dict[str, Any]:
+        before = len(env.requests)
+        result = run_cli(*args, *more)
+        assert result.exit_code == 0, result.output
+        chats = [r for r in env.requests[before:] if r.path.endswith("/chat/completions")]
+        usage = [r.usage for r in chats if r.usage is not None]
+        paid.append(sum(u["prompt_tokens"] + 4 * u["completion_tokens"] for u in usage) / 1e6)
+        return manifest(tmp_path / "run")
+
+    run("--limit", "3")
+    run()  # the resumed rest
+    whole = run()  # nothing to do
+    assert paid[0] > 0 and paid[1] > 0 and paid[2] == 0
+    assert whole["cost_usd"] == pytest.approx(paid[0] + paid[1])
+    for record in whole["stages"].values():  # each stage: this run's cost, and every run's
+        assert record["cost_usd"] == 0 and record["spent_usd"] > 0
+
+
 def test_a_dry_run_counts_the_rows_whose_input_changed_as_a_real_run_redoes_them(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:

@@ -211,7 +211,7 @@ class Grading:
         "in retrieval?).",
     )
     controls: int = option(
-        10, "Grade 4 known answers to N sampled questions (judge's controls); 0: none.", min=0
+        10, "Grade 4 known answers and 4 injections to N sampled questions; 0: none.", min=0
     )
     control_runs: bool = option(
         False, "Also answer and judge with gold context and closed-book (OUT/gold, ...)."

@@ -12,6 +12,7 @@ Mistral and Together all give.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -101,6 +102,36 @@ def table_price(model: str, batch: bool = False) -> Price | None:
     return Price(float(found.input_price) * 1000, float(found.output_price) * 1000, source)
 
 
+def carried_spend(previous: Mapping[str, Any] | None, job_open: bool) -> dict[str, Any]:
+    """What a stage's new record carries of the one it replaces, to add up what the stage has
+    cost the folder over every run (`spent_usd`): what it had cost before, and, when a batch
+    job is open (this run goes on with it), the job's cost as counted in that already. A run
+    killed before its cost was recorded passes on what it carried."""
+    previous = previous or {}
+    carried = previous.get("carried") if isinstance(previous.get("carried"), dict) else None
+    if "spent_usd" in previous:
+        spent, job_cost = previous["spent_usd"], previous.get("cost_usd")
+    elif carried is not None:  # a run stopped before its cost was recorded
+        spent, job_cost = carried.get("spent", 0.0), carried.get("job_cost", 0.0)
+    else:  # none, or an older version's record: its latest run's cost, all that is known
+        spent, job_cost = previous.get("cost_usd", 0.0), previous.get("cost_usd")
+    return {"carried": {"spent": spent, "job_cost": job_cost if job_open else 0.0}}
+
+
+def _spent(record: Mapping[str, Any], cost: float | None) -> float | None:
+    """What the stage has cost the folder over every run: what it had cost before, and what
+    this run added (on the batch road, the job's cost less what was counted of it before; a
+    rerun with nothing to do, which shows the job the last run ended, adds nothing)."""
+    carried = record.get("carried") or {}
+    spent, counted = carried.get("spent", 0.0), carried.get("job_cost", 0.0)
+    batch = record.get("batch")
+    if isinstance(batch, dict) and batch.get("idle"):
+        return spent  # type: ignore[no-any-return]
+    if spent is None or cost is None or counted is None:
+        return None
+    return float(spent + cost - counted)
+
+
 def record_cost(out: Path, stage: str, settings: Settings) -> tuple[float | None, Price | None]:
     """Price the tokens the stage's last run billed; write cost_usd to it and to the run."""
     manifest = read_manifest(out)
@@ -121,6 +152,7 @@ def record_cost(out: Path, stage: str, settings: Settings) -> tuple[float | None
         used = int(spent.get("prompt", 0)), int(spent.get("completion", 0))
         cost = None if cost is None or checked is None else cost + checked.cost(*used)
     priced: dict[str, Any] = {"cost_usd": cost, "price": price.describe() if price else None}
+    priced["spent_usd"] = _spent(record, cost)  # every run's: the folder's total adds them
     if record.get("batch"):  # beside it, what the same calls cost on the sync road
         sync = price_of(model, settings) if model else None
         priced["cost_usd_sync"] = sync.cost(*tokens) if sync else None
@@ -161,7 +193,9 @@ def run_cost(out: Path) -> RunCost:
     for folder, prefix in [(out, ""), *((out / name, f"{name}/") for name in CONTROL_RUNS)]:
         recorded = read_manifest(folder).get("stages", {})
         for stage, entry in recorded.items() if isinstance(recorded, dict) else ():
-            if isinstance(entry, dict) and "cost_usd" in entry:
+            if isinstance(entry, dict) and "spent_usd" in entry:  # every run of it
+                stages[prefix + stage] = entry["spent_usd"]
+            elif isinstance(entry, dict) and "cost_usd" in entry:  # an older version's
                 stages[prefix + stage] = entry["cost_usd"]
     return RunCost(stages)
 

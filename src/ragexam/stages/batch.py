@@ -421,6 +421,8 @@ class BatchRoad:
             "folder": str(self.mode.folder) if self.mode.folder is not None else None,
             **{name: count + self.before.get(name, 0) for name, count in this_run.items()},
             "seconds": round(max(ended) - min(started), 3) if started and ended else None,
+            # nothing done this run: the record is the job the last run ended, again
+            "idle": not (self.sent or self.merged or self.batches or self.written),
             "waiting": self.waiting,
         }
 

@@ -35,10 +35,11 @@ from ragexam.errors import (
 from ragexam.io.csvfile import read_columns
 from ragexam.io.fingerprint import changed_inputs, stale_rows
 from ragexam.io.ledger import Ledger, ShardState
-from ragexam.io.manifest import manifest_room, set_run_field, update_manifest
+from ragexam.io.manifest import manifest_room, read_manifest, set_run_field, update_manifest
 from ragexam.io.rowlog import RowLog
 from ragexam.io.runfolder import RunFolder
 from ragexam.llm.pacing import Traffic
+from ragexam.llm.prices import carried_spend
 
 if TYPE_CHECKING:
     from ragexam.stages.session import Session
@@ -487,6 +488,11 @@ def _execute(
     runner.sending = session.sending
     done = runner.resume(plan.inputs)
     total, tasks = plan.tasks(done)
+    previous = read_manifest(how.out).get("stages", {}).get(stage.name)
+    folder = RunFolder(how.out)
+    job = Ledger(folder.batch_ledger(stage.name), folder.batch_tag(stage.name)).job
+    job_open = bool(job) and not job.get("ended")  # this run goes on with a batch job
+    record = {**record, **carried_spend(previous if isinstance(previous, dict) else None, job_open)}
     update_manifest(how.out, stage.name, {**record, "status": "running"})
 
     traffic = _traffic(plan)
