@@ -10,6 +10,7 @@ from support import (
     build_store,
     closed_port,
     docs,
+    exam,
     make_store,
     questions,
     rag_module,
@@ -72,13 +73,18 @@ def test_a_model_the_endpoint_does_not_serve_is_named_not_the_url(
     assert env.count() < 3  # stopped at the first reply: every call would fail alike
 
 
-def test_a_manifest_that_is_not_an_object(env: FakeOpenAI, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "text", ["[1, 2]", '{"stages": null}', '{"stages": {"answer": null}}', '{"stages": [1]}']
+)
+def test_a_manifest_that_is_not_an_object(env: FakeOpenAI, tmp_path: Path, text: str) -> None:
     store = build_store(tmp_path / "store", docs(3))
     (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "manifest.json").write_text("[1, 2]")
-    result = run_cli("generate", "--chroma", str(store), "--out", "run")
-    one_line_error(result, 2, "manifest.json", "not a JSON object")
-    assert env.count() == 0
+    (tmp_path / "run" / "manifest.json").write_text(text)
+    exam(tmp_path / "run", 2)  # for judge, who reads it first
+    for command in (("generate", "--chroma", str(store)), ("judge", "--controls", "0")):
+        result = run_cli(*command, "--out", "run")
+        one_line_error(result, 2, "manifest.json", "not a JSON object")
+    assert env.count() == 0 and (tmp_path / "run" / "manifest.json").read_text() == text
 
 
 @pytest.mark.parametrize("status", [None, 401, 400, 500])

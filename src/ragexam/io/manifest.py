@@ -100,10 +100,17 @@ def _parsed(path: Path) -> Any:
     except UnicodeDecodeError:
         raise OutputFileError(path, "is not UTF-8 text; " + _FIX) from None
     try:
-        return json.loads(text)
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         where = f"line {exc.lineno}, column {exc.colno}: {exc.msg}"
         raise OutputFileError(path, f"is not valid JSON ({where}); {_FIX}") from None
+    stages = data.get("stages", {}) if isinstance(data, dict) else {}
+    if not isinstance(stages, dict):  # edited: every reader takes them for objects
+        raise OutputFileError(path, f"its 'stages' is not a JSON object; {_FIX}")
+    odd = [name for name, record in stages.items() if not isinstance(record, dict)]
+    if odd:
+        raise OutputFileError(path, f"its stage {odd[0]!r} is not a JSON object; {_FIX}")
+    return data
 
 
 # how to go on from a manifest that does not parse
