@@ -127,3 +127,19 @@ def test_an_output_that_lost_a_value_column_is_refused_not_resumed_empty(
     assert (tmp_path / "run" / file).read_bytes() == kept and env.count() == calls
     if stage != "judge":
         assert (tmp_path / "run" / "judgments.csv").read_bytes() == grades
+
+
+def test_a_folder_where_an_output_csv_goes_is_a_one_line_error(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "qa_dataset.csv").write_text(HEADER + GOOD, encoding="utf-8")
+    (tmp_path / "run" / "answers.csv").mkdir()
+    result = run_cli("answer", "--rag", rag_module(tmp_path, "dir_rag", "A."), "--out", "run")
+    assert result.exit_code == 2, result.output
+    assert result.output == "Error: run/answers.csv: is a folder, not a CSV file; move it away\n"
+    assert env.count() == 0
+    compared = run_cli("compare", "run", "run/qa_dataset.csv")
+    assert compared.exit_code == 2, compared.output
+    assert "run/qa_dataset.csv: is a file, not a run folder" in compared.output
+    assert compared.output.count("\n") == 1

@@ -192,8 +192,11 @@ def test_later_stages_not_run_yet_leave_every_question_pending(tmp_path: Path) -
         ("no column", "qa_dataset.csv: lacks the column(s) document"),
         ("rank 0", "answers.csv: the row of qa_id 'a1' has status ok but a target_rank"),
         ("score 2", "judgments.csv: the row of qa_id 'a1' has status ok but no completeness"),
-        ("text rank", "answers.csv: target_rank must be numbers"),
+        ("text rank", "answers.csv, line 13: target_rank is 'first', not a number"),  # reversed
         ("repeated id", "qa_dataset.csv: repeats qa_id 'a1'"),
+        ("nan score", "judgments.csv, line 2: completeness is 'nan', not a number"),
+        ("torn", "answers.csv, line 14: ends inside a quoted field"),
+        ("folder", "judgments.csv: is a folder, not a CSV file"),
     ],
 )
 def test_bad_input_is_one_line(tmp_path: Path, change: str, message: str) -> None:
@@ -211,6 +214,13 @@ def test_bad_input_is_one_line(tmp_path: Path, change: str, message: str) -> Non
         )
     elif change == "score 2":
         judgments.write_text(judgments.read_text().replace("a1,1.0,", "a1,2.0,"))
+    elif change == "nan score":
+        judgments.write_text(judgments.read_text().replace("a1,1.0,", "a1,nan,"))
+    elif change == "torn":  # a quoted field opened on the last line, never closed
+        answers.write_text(answers.read_text() + 'zz,"A torn answer\n')
+    elif change == "folder":
+        judgments.unlink()
+        judgments.mkdir()
     else:
         (run / "qa_dataset.csv").write_text(qa + "a1,c,A,q,t,ok,\n")
     result = run_cli("stats", "--out", str(run))

@@ -49,6 +49,10 @@ class CompareResult:
 
 def run_compare(run_a: Path, run_b: Path, out: Path, seed: int = 0) -> CompareResult:
     """Pair the runs on qa_id and write comparison.csv into `out`."""
+    for run in (run_a, run_b):
+        if not run.is_dir():
+            what = "is a file" if run.exists() else "does not exist"
+            raise InputFileError(run, f"{what}, not a run folder; compare two run folders")
     scores_a, scores_b = _scores(run_a), _scores(run_b)
     paired = scores_a.merge(scores_b, on="qa_id", suffixes=("_a", "_b"))
     if paired.empty:

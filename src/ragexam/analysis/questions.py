@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from ragexam.analysis.kinds import UNKNOWN, VERDICTS, declines, exam_kinds, foun
 from ragexam.analysis.summary import DEFAULT_K, TEXTS
 from ragexam.errors import InputFileError
 from ragexam.io.cells import UNANSWERABLE
-from ragexam.io.csvfile import unescape_cell
+from ragexam.io.csvfile import read_rows, unescape_cell
 from ragexam.io.manifest import read_manifest
 from ragexam.io.runfolder import RunFolder
 
@@ -102,12 +103,30 @@ def _read(path: Path, columns: tuple[str, ...], numbers: tuple[str, ...] = ()) -
         )
     except FileNotFoundError:
         raise InputFileError(path, "not found; run the stage that writes it first") from None
+    except IsADirectoryError:
+        raise InputFileError(path, "is a folder, not a CSV file; move it away") from None
     except pd.errors.EmptyDataError:
         raise InputFileError(path, "is empty; it needs at least a header row") from None
     except (UnicodeDecodeError, pd.errors.ParserError) as exc:
+        read_rows(path, columns)  # names the line that breaks it, as the stages do
         raise InputFileError(path, f"is not a readable UTF-8 CSV ({exc})") from None
     except ValueError as exc:  # a number column holds text
+        _not_a_number(path, numbers)  # names the cell
         raise InputFileError(path, f"{', '.join(numbers)} must be numbers ({exc})") from None
+
+
+def _not_a_number(path: Path, numbers: tuple[str, ...]) -> None:
+    """Raise InputFileError naming the first cell of `numbers` that is neither empty nor a
+    number as CSVs write them ("nan" and "inf" are not: a grade is a number or no grade)."""
+    for line, row in enumerate(read_rows(path, numbers), start=2):
+        for name in numbers:
+            value = row[name]
+            try:
+                number = float(value) if value else 0.0
+            except ValueError:
+                number = math.nan
+            if not math.isfinite(number):
+                raise InputFileError(path, f"{name} is {value!r}, not a number", line)
 
 
 @dataclass(frozen=True)

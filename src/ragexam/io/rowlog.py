@@ -80,6 +80,8 @@ class RowLog:
         """The readable rows; once they are out, a torn tail is cut and unreadable rows are
         moved aside (the file rewritten in a second pass, as when its header is older)."""
         self._spans = None
+        if self.path.is_dir():
+            raise OutputFileError(self.path, "is a folder, not a CSV file; move it away")
         if not self.path.exists():
             return
         with self.path.open("rb") as handle:
