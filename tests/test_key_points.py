@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from judges import key_points, marks, truthful
 from openai_server import FakeOpenAI, Reply
-from support import edit_cell, marked_exam, read_csv, run_cli
+from support import edit_cell, marked_exam, read_csv, run_cli, write_dict_rows
 from world import World
 
 from ragexam.stages.marking import quoted
@@ -306,3 +306,25 @@ def test_labels_are_not_graded_by_key_points(env: FakeOpenAI, tmp_path: Path) ->
     result = run_cli("calibrate", str(labels), "--scale", "key-points")
     assert result.exit_code == 2  # a person's labels: unit or ten, the only choices offered
     assert "Invalid value for '--scale'" in result.output and "'key-points'" in result.output
+
+
+@pytest.mark.parametrize("cell", ["absent", '["bogus", "present", "absent"]', "[1, 2"])
+def test_verdicts_edited_out_of_shape_are_a_one_line_error_naming_the_row(
+    env: FakeOpenAI, tmp_path: Path, cell: str
+) -> None:
+    rows = [
+        {"qa_id": f"q{i}", "question": "Q?", "truth": TRUTH, "answer": "alpha beta.",
+         "key_points": POINTS}
+        for i in range(2)
+    ]  # fmt: skip
+    marked_exam(tmp_path / "run", rows)
+    env.responder = truthful
+    assert run_cli("judge", "--out", "run", "--controls", "0").exit_code == 0
+    path = tmp_path / "run" / "judgments.csv"
+    graded = read_csv(path)
+    graded[0]["key_point_verdicts"] = cell  # a person's edit
+    write_dict_rows(path, graded)
+    result = run_cli("stats", "--out", "run")
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("Error: run/judgments.csv: the row of qa_id 'q0' has status")
+    assert "rerun ragexam judge" in result.output and result.output.count("\n") == 1

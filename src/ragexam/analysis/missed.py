@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ragexam.analysis.keypoints import CREDIT, BadKeyPoints, parse_key_points
+from ragexam.errors import InputFileError
 from ragexam.io.csvfile import unescape_cell
 
 PER_DOCUMENT = 5
@@ -67,11 +68,20 @@ def _graded(judgments: Path) -> dict[str, tuple[list[str], list[float], list[boo
     frame = frame[(frame["status"] == "ok") & (frame["key_point_verdicts"] != "")]
     graded = {}
     for record in frame.to_dict("records"):
-        verdicts = json.loads(record["key_point_verdicts"])
-        samples = json.loads(record.get("key_point_samples") or "[]") or [verdicts]
-        points = zip(*samples, strict=True)
-        losses = [float(np.mean([1 - CREDIT[v] for v in point])) for point in points]
-        held = json.loads(record.get("key_point_context") or "null") or [None] * len(verdicts)
+        try:
+            verdicts = json.loads(record["key_point_verdicts"])
+            samples = json.loads(record.get("key_point_samples") or "[]") or [verdicts]
+            points = zip(*samples, strict=True)
+            losses = [float(np.mean([1 - CREDIT[v] for v in point])) for point in points]
+            held = json.loads(record.get("key_point_context") or "null") or [None] * len(verdicts)
+        except (ValueError, KeyError, TypeError):  # an edited cell: no verdicts to count
+            cell = " ".join(record["key_point_verdicts"].split())[:80]
+            raise InputFileError(
+                judgments,
+                f"the row of qa_id {record['qa_id']!r} has status ok, but its verdicts are not "
+                f"lists of {', '.join(CREDIT)} ({cell!r}); delete the row and rerun ragexam "
+                "judge to grade it again",
+            ) from None
         graded[record["qa_id"]] = (verdicts, losses, held)
     return graded
 
