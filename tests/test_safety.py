@@ -230,6 +230,21 @@ def test_an_older_store_is_refused_not_migrated(env: FakeOpenAI, tmp_path: Path)
     assert env.count() == 0
 
 
+@pytest.mark.parametrize(("content", "said"), [(b"", "is empty"), (b"x", "is not a SQLite")])
+def test_a_store_file_that_is_no_database_is_said_so_not_called_older(
+    env: FakeOpenAI, tmp_path: Path, content: bytes, said: str
+) -> None:
+    # Chroma found no tables in it, and ragexam advised opening it with this chromadb to
+    # migrate it: that makes a blank store
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "chroma.sqlite3").write_bytes(content)
+    result = run_cli("generate", "--chroma", str(tmp_path / "store"), "--out", "run")
+    assert result.exit_code == 2
+    line = one_line(result.output)
+    assert f"its chroma.sqlite3 {said}" in line and "older" not in line
+    assert (tmp_path / "store" / "chroma.sqlite3").read_bytes() == content
+
+
 def test_a_store_is_byte_identical_after_every_command_even_read_only(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:

@@ -154,6 +154,9 @@ def _open_persistent(path: Path, notify: Callable[[str], None] | None, snapshots
         raise StoreError(f"no Chroma store at {path}: {what}")
     if not (path / "chroma.sqlite3").is_file():
         raise StoreError(f"no Chroma store at {path}: it holds no chroma.sqlite3")
+    problem = _not_sqlite(path / "chroma.sqlite3")
+    if problem:  # else Chroma finds no tables, and says they need a migration
+        raise StoreError(f"no Chroma store at {path}: its chroma.sqlite3 {problem}")
     snapshot, fresh = snapshots.of(path)
     if fresh and notify is not None:
         notify(snapshot.describe())
@@ -175,6 +178,18 @@ def _open_persistent(path: Path, notify: Callable[[str], None] | None, snapshots
                 "version of chromadb, and point --chroma at the copy"
             ) from None
         raise StoreError(f"cannot open the Chroma store at {path}: {exc}") from None
+
+
+def _not_sqlite(path: Path) -> str | None:
+    """What is wrong with a file that should be a SQLite database, if anything."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(16)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if not head:
+        return "is empty (0 bytes)"
+    return None if head == b"SQLite format 3\x00" else "is not a SQLite database"
 
 
 def _systems() -> dict[str, Any]:
