@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -103,3 +105,15 @@ def test_an_embedding_endpoint_that_fails_the_preflight(
     result = run_cli(*args)
     one_line_error(result, 4, "embedding endpoint")
     assert env.count() == 0  # no chat call was paid for
+
+
+def test_a_line_of_env_that_cannot_be_parsed_is_said_once_naming_the_file(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    (tmp_path / ".env").write_text("RAGEXAM_CONCURRENCY=2\nthis is not a setting\n")
+    exam(tmp_path / "run", 2)
+    command = [sys.executable, "-m", "ragexam.cli", "judge", "--out", "run", "--controls", "0"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    said = "could not parse statement starting at line 2 (in the .env file)"
+    assert done.stderr.count("could not parse statement") == 1 and said in done.stderr

@@ -7,6 +7,7 @@ unmasked except to build the HTTP client.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -240,6 +241,26 @@ def env_file_lent(env_file: Path = Path(".env")) -> Iterator[None]:
     finally:
         for name in lent:
             os.environ.pop(name, None)
+
+
+class _SaidOnce(logging.Filter):
+    """python-dotenv's warnings (a line it cannot parse) once each, naming the file: `.env`
+    is read by every Settings and every lending of it, and said it eleven times."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message in self.said:
+            return False
+        self.said.add(message)
+        record.msg, record.args = f"{message} (in the .env file)", ()
+        return True
+
+
+logging.getLogger("dotenv.main").addFilter(_SaidOnce())
 
 
 def _env_file_values(env_file: Path) -> dict[str, str | None]:
