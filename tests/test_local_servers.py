@@ -67,6 +67,7 @@ def test_a_reply_cut_by_a_small_context_is_said_so_and_not_asked_again(
     assert all("context window was full" in row["error"] for row in rows)
     assert all("--n_ctx" in row["error"] and "1024 in the" not in row["error"] for row in rows)
     assert {row["attempts"] for row in rows} == {"1"}  # the same prompt would be cut again
+    assert all(row["raw_reply"] for row in rows)  # the cut reply kept, as every invalid one is
     # billed all the same: each row and the stage's record count the tokens the server billed
     usage = [rec.usage for rec in env.requests if rec.usage]
     billed = [sum(u[name] for u in usage) for name in ("prompt_tokens", "completion_tokens")]

@@ -490,7 +490,7 @@ class LLM:
             row.waited += delay
             return delay
         row.failures += 1
-        row.reason, delay = self._failure(exc, row.failures, row.tokens)
+        row.reason, delay = self._failure(exc, row.failures, row.tokens, row.raw)
         if row.failures > self.max_retries:
             raise row.error(f"{row.reason} (after {row.calls} attempts)")
         self.pacer.traffic.retries += first_read
@@ -525,21 +525,25 @@ class LLM:
                 row.tokens[index] += used
                 self.tokens[index] += used if billed else 0
 
-    def _failure(self, exc: Exception, attempt: int, tokens: list[int]) -> tuple[str, float]:
-        """What one failed attempt means: its reason and the wait before the next, or raise."""
+    def _failure(
+        self, exc: Exception, attempt: int, tokens: list[int], raw: str | None = None
+    ) -> tuple[str, float]:
+        """What one failed attempt means: its reason and the wait before the next, or raise
+        (with `raw`, the last reply that was not valid, kept on the error row)."""
         reason = self.redact(describe(exc))
         if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
             raise AuthError(
                 f"the endpoint refused the API key: {reason}; check OPENAI_API_KEY (and "
                 "OPENAI_BASE_URL: the key must be one this endpoint issued)"
             ) from None
+        spent = (tokens[0], tokens[1])
         if isinstance(exc, NoAnswer):  # asking again would pay for the same refusal
-            raise LLMError(reason, attempts=attempt, tokens=(tokens[0], tokens[1])) from None
+            raise LLMError(reason, attempts=attempt, raw=raw, tokens=spent) from None
         if isinstance(exc, openai.RateLimitError):  # a 429 that means "no": out of quota
             raise AuthError(f"the endpoint refused the call: {reason}; check the account's quota")
         if not isinstance(exc, RETRYABLE):
             if isinstance(exc, openai.APIError | LLMError):  # ContextFull: asked again, cut again
-                raise LLMError(reason, attempts=attempt, tokens=(tokens[0], tokens[1])) from None
+                raise LLMError(reason, attempts=attempt, raw=raw, tokens=spent) from None
             raise exc  # not an API failure: a bug, keep its traceback
         waited = retry_after(exc)
         if waited is not None:
