@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from langchain_core.documents import Document
 from openai_server import FakeOpenAI, Quirks, Reply
 from support import build_store, docs, exam, read_csv, run_cli
 
@@ -55,6 +56,24 @@ def test_a_template_that_drops_the_system_message_is_named_with_its_fix(
     assert moved.exit_code == 0 and "drops the system message" not in moved.output
 
 
+def test_reasons_that_differ_only_in_their_numbers_are_counted_as_one(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # chunks of five lengths: each cut reply's reason names its own prompt's tokens, and the
+    # summary showed three of them, "1 x" each, and left the rest unsaid
+    env.quirks = Quirks(context_room=4)
+    texts = [f"Fact {i}: " + "widget " * (5 * i + 1) for i in range(5)]
+    chunks = [Document(text, metadata={"source": "a.md"}) for text in texts]
+    store = build_store(tmp_path / "store", chunks)
+    result = run_cli("generate", "--chroma", str(store), "--out", "run", "--max-error-rate", "1")
+    assert result.exit_code == 0, result.output
+    reasons = {row["error"] for row in read_csv(tmp_path / "run" / "qa_dataset.csv")}
+    assert len(reasons) == 5  # five wordings
+    said = [line.strip() for line in result.output.splitlines() if " x the reply" in line]
+    assert len(said) == 1 and said[0].startswith("5 x the reply was cut off"), result.output
+    assert said[0].endswith("(and alike, but for their numbers: 5 variants)")
+
+
 def test_a_reply_cut_by_a_small_context_is_said_so_and_not_asked_again(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:
@@ -68,6 +87,9 @@ def test_a_reply_cut_by_a_small_context_is_said_so_and_not_asked_again(
     assert all("--n_ctx" in row["error"] and "1024 in the" not in row["error"] for row in rows)
     assert {row["attempts"] for row in rows} == {"1"}  # the same prompt would be cut again
     assert all(row["raw_reply"] for row in rows)  # the cut reply kept, as every invalid one is
+    # one reason, said once with its count, however its numbers differ from row to row
+    said = [line for line in result.output.splitlines() if " x the reply was cut off" in line]
+    assert len(said) == 1 and said[0].strip().startswith("3 x "), result.output
     # billed all the same: each row and the stage's record count the tokens the server billed
     usage = [rec.usage for rec in env.requests if rec.usage]
     billed = [sum(u[name] for u in usage) for name in ("prompt_tokens", "completion_tokens")]

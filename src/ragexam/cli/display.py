@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -263,10 +264,27 @@ def summary_line(stage: str, result: StageResult, skipped_note: str | None = Non
     if outcome.quarantined:
         bad = result.path.with_name(result.path.name + ".bad-rows")
         say(f"  {outcome.quarantined} unreadable rows moved to {bad} (line numbers kept)")
-    for reason, count in sorted(outcome.reasons.items(), key=lambda item: -item[1])[:3]:
-        say(f"  {count} x {reason}", wrap=True)
+    groups = _alike(outcome.reasons)
+    for count, reason, kinds in groups[:3]:
+        alike = f" (and alike, but for their numbers: {kinds} variants)" if kinds > 1 else ""
+        say(f"  {count} x {reason}{alike}", wrap=True)
+    rest = sum(count for count, _, _ in groups[3:])
+    if rest:
+        say(f"  {rest} more, for other reasons: see the error column of {result.path}", wrap=True)
     if skipped_note:
         say(f"  {skipped_note}")
+
+
+def _alike(reasons: Mapping[str, int]) -> list[tuple[int, str, int]]:
+    """Error reasons grouped by their words, numbers aside ("cut off at 13 tokens" and "at 14
+    tokens" are one reason), most frequent first: (rows, the most frequent wording, wordings)."""
+    groups: dict[str, list[tuple[int, str]]] = {}
+    for reason, count in reasons.items():
+        groups.setdefault(re.sub(r"\d+(\.\d+)?", "#", reason), []).append((count, reason))
+    found = [
+        (sum(count for count, _ in group), max(group)[1], len(group)) for group in groups.values()
+    ]
+    return sorted(found, key=lambda item: -item[0])
 
 
 def cost_text(cost: float | None) -> str:
