@@ -348,6 +348,25 @@ def test_lines_that_are_not_results_of_ours_are_passed_over_on_every_run(
     assert judge().exit_code == 0  # and again: nothing left to trip over
 
 
+def test_results_in_a_subfolder_merge_and_a_file_that_holds_none_is_said(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # results brought back from two machines, each into a folder of its own; and a binary
+    # dropped in the results folder. Both once waited unsaid: "N requests wait".
+    requested(env, tmp_path)
+    run_batch_files(env, tmp_path / "files")
+    results = tmp_path / "files" / "results"
+    (results / "gpu1").mkdir()
+    for path in results.glob("*.jsonl"):
+        path.rename(results / "gpu1" / path.name)
+    (results / "core.bin").write_bytes(bytes(range(256)) * 4)
+    done = judge()
+    assert done.exit_code == 0, done.output
+    assert graded_by_question(judged(tmp_path))
+    said = " ".join(done.output.split())
+    assert f"{results / 'core.bin'} holds no line naming a request (custom_id)" in said
+
+
 def cut_then_grade(body: dict[str, Any]) -> Reply:
     """A first ask's reply is cut off at max_tokens; a re-ask's is a grade."""
     if "cut off" in json.dumps(body):

@@ -240,6 +240,11 @@ class BatchRoad:
         finally:
             self._count(passed)  # a pass stopped midway: what it did, for this run's record
         self.plan.llm.choice.pass_ended()  # type: ignore[attr-defined]  # every result read
+        for path in passed.index.foreign:  # in the results folder, but no result of anyone's
+            logger.warning(
+                f"{self.tag}: {path} holds no line naming a request (custom_id): it is no "
+                "batch result file, and is not read"
+            )
         for path, lines in passed.index.unread.items():  # results it was given, not merged
             one = lines == 1
             logger.warning(
@@ -360,7 +365,8 @@ class BatchRoad:
     def _new_results(self, folder: Path) -> list[Path]:
         """The files of DIR/results not merged yet, as they are now."""
         results = folder.resolve() / "results"
-        found = sorted(p for p in results.glob("*") if p.is_file()) if results.is_dir() else []
+        # in subfolders too: an engine's output spread over machines comes back in folders
+        found = sorted(p for p in results.rglob("*") if p.is_file()) if results.is_dir() else []
         return [path for path in found if self.ledger.seen.get(path) != file_identity(path)]
 
     def plan_calls_nothing(self) -> None:

@@ -78,6 +78,7 @@ class ResultIndex:
         self._late: dict[str, int] = {}  # custom_id: location
         self._spans: list[Spans] = []
         self.unread: Counter[Path] = Counter()  # lines of ours that are not results, by file
+        self.foreign: list[Path] = []  # files with no line naming a request: not results
         for number, (path, fresh) in enumerate(files):
             self._spans.append(Spans(path))
             self._scan(tag, number, path, done, fresh and path not in spent)
@@ -85,7 +86,9 @@ class ResultIndex:
             self._not_merged_before(spent)
 
     def _scan(self, tag: str, number: int, path: Path, done: set[str], unspent: bool) -> None:
+        named = False
         for identifier, offset, length in scan_results(path):
+            named = True
             parsed = parse_custom_id(identifier)
             if parsed is None or parsed[0] != tag:
                 continue  # another stage's
@@ -101,6 +104,8 @@ class ResultIndex:
                 known.append(location)
             else:
                 self._where[parsed[3]] = [known, location]
+        if not named and path.stat().st_size:  # garbage, a binary, another tool's file
+            self.foreign.append(path)
 
     def __contains__(self, key: object) -> bool:
         return key in self._where
