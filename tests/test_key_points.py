@@ -213,7 +213,7 @@ def test_an_exam_without_key_points_gets_them_written_once_saved_and_said(
     # a person drops a key point of one question in key_points.csv: only its grade is redone
     edit_cell(run / "key_points.csv", "q0x0", "key_points", json.dumps(world.key_points(0, 0)[:2]))
     stats = run_cli("stats", "--out", "run")
-    assert "1 grades were made from a question or answer that has changed" in stats.output
+    assert "1 grade was made from a question or answer that has changed" in stats.output
     edited = run_cli("judge", "--out", "run", "--controls", "0")
     assert edited.exit_code == 0, edited.output
     assert env.count() == 11

@@ -161,7 +161,8 @@ class TooManyErrors(RagexamError):
         super().__init__(
             f"{errors} of {total} rows ({share:.1%}) ended in error, above --max-error-rate "
             f"{limit:g}; the reasons are in the error column of {path}{said}. A rerun retries "
-            "them; rows that cannot pass (an empty chunk) need --max-error-rate to go on"
+            "them; rows that fail the same way every time (an empty chunk, a cell that is not "
+            "what the stage reads) need their input fixed, or --max-error-rate to go on"
         )
 
 

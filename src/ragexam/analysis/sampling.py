@@ -120,7 +120,8 @@ def check_resume(out: Path, path: Path, sampling: Sampling) -> None:
         raise OutputFileError(
             path,
             f"was written with sampling {_describe(before)}, not {_describe(sampling.record())}; "
-            "rerun with the same --sample/--per-document/--seed/--split, or use another --out",
+            "rerun with the same --sample/--per-document/--seed/--validation, or use another "
+            "--out",
         )
 
 

@@ -134,8 +134,9 @@ class Printer(Observer):
             say(result.controls.message())
         if result.stale:
             say(
-                f"Warning: {result.stale} grades were made from a question or answer that has "
-                "changed since; they count as pending: rerun judge"
+                f"Warning: {result.stale} grade{' was' if result.stale == 1 else 's were'} "
+                "made from a question or answer that has changed since; "
+                f"{'it counts' if result.stale == 1 else 'they count'} as pending: rerun judge"
             )
         say(f"report: {result.paths['report']}")
 
