@@ -183,3 +183,15 @@ def test_questions_graded_in_one_run_alone_are_said_to_be_left_out(tmp_path: Pat
         "alone and 0 in B alone (error rows or pending) are left out"
     ) in said
     assert "hit, rr, ndcg are compared" not in said  # every question answered in both
+
+
+def test_a_k_one_run_did_not_record_is_not_said_to_differ(tmp_path: Path) -> None:
+    a, b = forty(tmp_path / "a", {}), forty(tmp_path / "b", {})
+    answer = {"stages": {"answer": {"k": 3}, "judge": {"model": "m"}}}
+    (a / "manifest.json").write_text(json.dumps(answer))
+    (b / "manifest.json").write_text(json.dumps({"stages": {"judge": {"model": "m"}}}))
+    unknown = run_cli("compare", str(a), str(b))
+    assert unknown.exit_code == 0 and "different k" not in unknown.output  # B's is not 5
+    (b / "manifest.json").write_text(json.dumps({"stages": {"answer": {"k": 5}}}))
+    known = run_cli("compare", str(a), str(b))
+    assert "the runs retrieved different k: 3 (A) and 5 (B)" in " ".join(known.output.split())
