@@ -109,3 +109,22 @@ def test_a_noisy_judge_shows_low_agreement_and_a_steady_one_full(
     assert float(overall["key_point_agreement"]) == 1.0
     assert float(overall["key_point_kappa"]) == pytest.approx(1.0)
     assert float(overall["key_point_recall"]) == pytest.approx(2 / 3)
+
+
+def test_with_samples_the_marked_script_shows_each_grading_beside_the_majority(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # The report showed the majority marks beside grades that are the means of the samples:
+    # a person recounting the marks got another grade
+    exam(tmp_path / "run", 3)
+    env.responder = noisy()
+    assert run_cli("judge", "--out", "run", "--samples", "3", "--controls", "0").exit_code == 0
+    assert run_cli("stats", "--out", "run").exit_code == 0
+    page = (tmp_path / "run" / "report.html").read_text()
+    assert page.count("graded 3 times: a point's mark is its majority") >= 3  # each answer
+    signs = {"present": "\u2713", "partial": "\u00bd", "absent": "\u2717"}
+    for row in read_csv(tmp_path / "run" / "judgments.csv"):
+        samples = json.loads(row["key_point_samples"])
+        for at in range(3):  # every point's three marks, in the order graded
+            marks = " ".join(signs[one[at]] for one in samples)
+            assert f"<small>gradings: {marks}</small>" in page

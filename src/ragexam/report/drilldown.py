@@ -25,7 +25,8 @@ from ragexam.io.runfolder import RunFolder
 from ragexam.report.marked import marked_points, unsupported
 
 # what the marked script needs of judgments.csv
-MARKING = ("key_point_verdicts", "key_point_evidence", "key_point_context", "answer_statements")
+MARKING = ("key_point_verdicts", "key_point_evidence", "key_point_context", "answer_statements",
+           "key_point_samples")  # fmt: skip  # the last, with --samples N: each grading's
 SHOWN_CHARS = 2000  # of a source chunk's text in the report; the CSV holds it all
 # Questions the drill-down holds at most (a 5,000-question report opens in under 2 s; a
 # million would make an 800 MB page that no browser opens); past it, the lowest graded.

@@ -63,18 +63,38 @@ def marked_points(row: dict[Any, Any]) -> str:
         return ""
     evidence = _list(row.get("key_point_evidence")) or [""] * len(points)
     held = _list(row.get("key_point_context")) or [None] * len(points)
+    samples = _samples(row, len(points))
     kind = str(row.get("kind", ""))
     items = []
-    for point, verdict, quote, was in zip(points, verdicts, evidence, held, strict=False):
+    for at, (point, verdict, quote, was) in enumerate(
+        zip(points, verdicts, evidence, held, strict=False)
+    ):
         sign, word = MARKS.get(str(verdict), ("?", str(verdict)))
         said = f" <q>{escape(str(quote))}</q>" if quote and verdict != "absent" else ""
         lost = _where_lost(was, kind) if verdict != "present" else None
         where = f" <small>{lost}</small>" if lost else ""
+        if samples:  # each grading's mark of it, the one shown being their majority
+            marks = " ".join(MARKS.get(str(one[at]), ("?", ""))[0] for one in samples)
+            where += f" <small>gradings: {marks}</small>"
         items.append(
             f'<li class="{escape(str(verdict))}"><b title="{word}">{sign}</b>'
             f"{escape(str(point))}{said}{where}</li>"
         )
-    return f'<ol class="kp">{"".join(items)}</ol>'
+    head = ""
+    if samples:
+        head = (
+            f'<small class="st">graded {len(samples)} times: a point\'s mark is its majority, '
+            f"and the grades are the means of the {len(samples)} gradings; the statements and "
+            "words quoted are the first grading's</small>"
+        )
+    return f'{head}<ol class="kp">{"".join(items)}</ol>'
+
+
+def _samples(row: dict[Any, Any], points: int) -> list[list[Any]]:
+    """Each grading's verdicts, when the answer was graded more than once (and they fit)."""
+    samples = _list(row.get("key_point_samples")) or []
+    fits = all(isinstance(one, list) and len(one) == points for one in samples)
+    return samples if len(samples) > 1 and fits else []
 
 
 def unsupported(row: dict[Any, Any]) -> str:
