@@ -76,6 +76,20 @@ def test_a_gateway_that_always_answers_html_makes_error_rows(
     assert env.count() == 9 + 3  # three attempts (RAGEXAM_MAX_RETRIES 2) for the broken row
 
 
+def test_an_endpoint_that_answers_every_call_with_a_page_stops_the_stage(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # a login page or a web server at OPENAI_BASE_URL: every row an error, exit 1, as if
+    # the rows had failed one by one; it is the endpoint, exit 4
+    store = build_store(tmp_path / "store", docs(3))
+    env.faults = Faults(raw_200_if=lambda text: BODIES["html"])
+    result = run_cli("generate", "--chroma", str(store), "--out", "run")
+    assert result.exit_code == 4, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith("Error: the endpoint http") and "not JSON (text/html)" in line
+    assert "no OpenAI-compatible API answers at that URL" in line
+
+
 def test_a_withheld_or_null_answer_is_an_error_row_but_an_empty_one_is_kept(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:

@@ -287,6 +287,7 @@ class Reachability:
         self.ok = False
         self.cause = ""  # why the last of them failed
         self.answered = False  # with a 404: the server is up, the URL's path is not its
+        self.page = False  # with a 2xx that is not JSON: something answers, not the API
 
     def reached(self) -> None:
         """A call got an answer from the endpoint."""
@@ -302,8 +303,11 @@ class Reachability:
                 f"({self.redact(' '.join(str(exc).split())[:300])}); name one it serves with "
                 "--model (or RAGEXAM_MODEL)"
             )
+        from ragexam.llm.replies import NotAnApi
+
         timeout = isinstance(exc, openai.APITimeoutError)
         missed = isinstance(exc, openai.APIConnectionError | openai.NotFoundError) and not timeout
+        missed = missed or isinstance(exc, NotAnApi)  # a page, not the API, answers there
         if isinstance(exc, openai.APIStatusError) and not missed:
             self.ok = True
         if self.ok or not missed:
@@ -312,6 +316,7 @@ class Reachability:
         cause = root_cause(exc) if isinstance(exc, openai.APIConnectionError) else exc
         self.cause = self.redact(str(cause))
         self.answered = isinstance(exc, openai.NotFoundError)
+        self.page = isinstance(exc, NotAnApi)
         if self.missed >= UNREACHABLE_TO_STOP:
             raise EndpointError(
                 f"the endpoint {self.endpoint} failed the first {self.missed} calls: {self.why()}"
@@ -319,7 +324,12 @@ class Reachability:
 
     def why(self) -> str:
         """Why the calls failed, and what to check: a server that answers 404 is up, at
-        another path; one that speaks no TLS is up, on http."""
+        another path; one that speaks no TLS is up, on http; one that answers pages is no API."""
+        if self.page:
+            return (
+                f"{self.cause}: no OpenAI-compatible API answers at that URL (a login page, a "
+                "gateway, a web server?); check OPENAI_BASE_URL"
+            )
         if self.answered:
             path = urlparse(self.endpoint).path.rstrip("/")
             under = (

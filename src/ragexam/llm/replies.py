@@ -28,6 +28,11 @@ class InvalidReply(openai.OpenAIError):
     """A 200 that is not a chat completion: retried, then an error row."""
 
 
+class NotAnApi(InvalidReply):
+    """A 2xx whose body is not JSON at all (an HTML page, nothing): if every call meets one,
+    no OpenAI-compatible API answers at that URL."""
+
+
 class NoAnswer(openai.OpenAIError):
     """A well-formed completion that holds no answer (content filter, null content)."""
 
@@ -52,7 +57,7 @@ def first_choice(body: bytes, content_type: str, status: int = 200) -> dict[str,
         data = json.loads(body)
     except (ValueError, RecursionError):  # not JSON, or nested deeper than Python parses
         kind = "an empty body" if not body.strip() else f"a body that is not JSON ({content_type})"
-        raise InvalidReply(
+        raise NotAnApi(
             f"the endpoint answered HTTP {status} with {kind}, not a completion; "
             "is a gateway or proxy in the way?"
         ) from None
