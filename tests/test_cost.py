@@ -120,6 +120,24 @@ def test_run_dry_run_estimates_every_stage_with_samples_and_controls(
     assert not (tmp_path / "run" / "qa_dataset.csv").exists()
 
 
+def test_run_dry_run_counts_the_controls_of_a_one_document_exam_as_the_run_makes_them(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # the stand-in ground truths were all one text: no question could pad another's answer,
+    # and 2 controls of 8 were counted per question (12 where the run made 48)
+    env.embedding_dim = 16
+    chunks = [Document(f"Fact {i}: widget {i} weighs {i} grams.", metadata={"source": "a.md"})
+              for i in range(6)]  # fmt: skip
+    store = build_store(tmp_path / "store", chunks)
+    args = ("run", "--chroma", str(store), "--out", "run", "--embedding", "openai:e")
+    dry = run_cli(*args, "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    estimated = estimates(dry.output)["judge_controls"]["calls"]
+    assert run_cli(*args).exit_code == 0
+    made = manifest(tmp_path / "run")["stages"]["judge_controls"]["calls"]
+    assert estimated == made == 6 * 8
+
+
 def test_a_known_model_costs_dollars_in_the_manifest_and_on_screen(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:

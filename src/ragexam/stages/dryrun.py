@@ -379,12 +379,15 @@ def estimate_run(settings: Settings, given: Given, session: Session) -> list[Est
         # what --with-context shows the judge: k chunks retrieved, each about the exam's own
         texts = {c.id: c.text for c in kept}
         k = given.answering.k or DEFAULT_K
+        # each stand-in ground truth its own: the judge's controls pad an answer with another
+        # question's, and find none among stand-ins that are all one text (2 of 8 counted)
         exams = [
             Exam(
-                q.qa_id, q.text, q.ground_truth or half, reply, documents.get(q.chunk_id, ""),
+                q.qa_id, q.text, q.ground_truth or _own(half, n), reply,
+                documents.get(q.chunk_id, ""),
                 context=json.dumps([texts.get(q.chunk_id or "", half)] * k),
             )
-            for q in questions
+            for n, q in enumerate(questions)
         ]  # fmt: skip
         # generate writes key points: the judge grades by them unless --scale says otherwise
         scale = given.grading.scale or Scale.key_points
@@ -418,6 +421,11 @@ def _harder_questions(given: Given, chunks: list[str], text: str) -> list[Questi
 
 def _named(estimated: Estimate, folder: str) -> Estimate:
     return replace(estimated, stage=f"{estimated.stage}_{folder}")
+
+
+def _own(filler: str, n: int) -> str:
+    """The filler made the n-th question's own, at about the same number of tokens."""
+    return f"q{n} {filler.split(' ', 1)[1]}" if " " in filler else f"q{n}"
 
 
 def _filler(tokens: float) -> str:
