@@ -108,6 +108,11 @@ def test_a_failed_line_goes_out_again_in_a_new_file(
     (results / "first.jsonl").write_text("\n".join(reversed(out)) + "\n", encoding="utf-8")
     second = judge()
     assert second.exit_code == WAITING, second.output
+    said = " ".join(second.output.split())  # said at once, not once the retries are spent
+    assert (
+        "3 results merged were failures (most often, 2: HTTP 500: The server had an error.); "
+        "each row asks again while its retries last, then is an error row"
+    ) in said
     resent = requests(tmp_path)
     assert sorted(line["custom_id"].split("~")[3] for line in resent) == sorted(
         lines[i]["custom_id"].split("~")[3] for i in (1, 2, 3)

@@ -311,6 +311,15 @@ def parse_answer(line: bytes) -> Answer | None:
     return Answer(data["custom_id"], status, body)
 
 
+def failure_of(answer: Answer) -> str:
+    """A failed result's reason, short: "HTTP 500: server exploded", or why it never ran."""
+    if answer.status == UNRUN:
+        return answer.reason or "never ran"
+    body = answer.body if isinstance(answer.body, dict) else {}
+    said = " ".join(_reason(body).split()) if "error" in body else ""
+    return f"HTTP {answer.status}" + (f": {said[:120]}" if said else "")
+
+
 def _reason(error: Any) -> str:
     if isinstance(error, dict):
         nested = error.get("error")

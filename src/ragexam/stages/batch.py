@@ -240,6 +240,14 @@ class BatchRoad:
         finally:
             self._count(passed)  # a pass stopped midway: what it did, for this run's record
         self.plan.llm.choice.pass_ended()  # type: ignore[attr-defined]  # every result read
+        failures = passed.index.failures
+        if failures:  # else a loop of reruns says only that requests wait, again and again
+            count, (reason, most) = failures.total(), failures.most_common(1)[0]
+            logger.warning(
+                f"{self.tag}: {count} result{'' if count == 1 else 's'} merged "
+                f"{'was a failure' if count == 1 else 'were failures'} (most often, {most}: "
+                f"{reason}); each row asks again while its retries last, then is an error row"
+            )
         for path in passed.index.foreign:  # in the results folder, but no result of anyone's
             logger.warning(
                 f"{self.tag}: {path} holds no line naming a request (custom_id): it is no "

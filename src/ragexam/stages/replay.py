@@ -30,6 +30,7 @@ from ragexam.io.batchfiles import (
     ShardWriter,
     Spans,
     custom_id,
+    failure_of,
     parse_answer,
     parse_custom_id,
     read_ids,
@@ -79,6 +80,7 @@ class ResultIndex:
         self._spans: list[Spans] = []
         self.unread: Counter[Path] = Counter()  # lines of ours that are not results, by file
         self.foreign: list[Path] = []  # files with no line naming a request: not results
+        self.failures: Counter[str] = Counter()  # results that are failures, by their reason
         for number, (path, fresh) in enumerate(files):
             self._spans.append(Spans(path))
             self._scan(tag, number, path, done, fresh and path not in spent)
@@ -167,6 +169,8 @@ class ResultIndex:
         if answer is None or parsed is None:
             self.unread[self.files[number][0]] += 1
             return None
+        if answer.status != 200:  # said after the pass: its rows ask again, or end in error
+            self.failures[failure_of(answer)] += 1
         return parsed[2], Known(answer, parsed[1], self.files[number][1], line)
 
     def close(self) -> None:
