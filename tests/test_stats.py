@@ -381,3 +381,16 @@ def test_stats_on_a_folder_that_is_not_there_makes_none(tmp_path: Path) -> None:
         "typo: is not a run folder; --out names the run to summarise"
     )
     assert not (tmp_path / "typo").exists()  # not even for its lock
+
+
+def test_the_headlines_percent_says_what_the_figure_shown_says(tmp_path: Path) -> None:
+    # 0.475 is shown 0.47 (its float is 0.47499...), and was said "48% complete" above it
+    grades: dict[str, tuple[str, int | str, float | None]] = {
+        "q0": ("D", 1, 0.45),
+        "q1": ("D", 1, 0.5),
+    }
+    run = graded_run(tmp_path / "run", grades)
+    result = run_cli("stats", "--out", str(run))
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "Answers are 47% complete" in said and "0.47" in said and "48%" not in said

@@ -48,7 +48,7 @@ def headline(result: StatsResult) -> str:
                 "first: run answer and judge, then stats"
             )
     sentence = (
-        f"Answers are {completeness:.0%} complete{so_far}, and {_retrieval(row)}; "
+        f"Answers are {as_shown(completeness):.0%} complete{so_far}, and {_retrieval(row)}; "
         f"{_where(result)}; {advice}."
     )
     controls = result.controls
@@ -58,6 +58,12 @@ def headline(result: StatsResult) -> str:
             sentence
         )
     return sentence
+
+
+def as_shown(value: float) -> float:
+    """A figure as the page and the terminal show it, to two decimals: its percent then says
+    the same (0.475 shown 0.47 is 47%, not 48%)."""
+    return float(f"{value:.2f}")
 
 
 def _ungraded(row: pd.Series) -> str:
