@@ -222,4 +222,4 @@ def test_too_many_error_rows_name_the_commonest_reason(env: FakeOpenAI, tmp_path
     said = " ".join(result.output.split())
     assert "1 of 6 rows (16.7%) ended in error" in said
     assert "most often (1): the chunk is empty or whitespace only" in said
-    assert "need --max-error-rate to go on" in said
+    assert "need their input fixed, or --max-error-rate to go on" in said
