@@ -543,3 +543,87 @@ def test_run_writes_the_key_points_once_and_says_what_waits_once(
     ]
     assert said[1].count("key points: no row to write yet, 3 requests wait") == 1
     assert "Waiting: 3 requests wait" in said[1]
+
+
+def folder_total(tmp_path: Path) -> float:
+    return float(json.loads((tmp_path / "run" / "manifest.json").read_text())["cost_usd"])
+
+
+def priced(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAGEXAM_PRICE_INPUT", "1")
+    monkeypatch.setenv("RAGEXAM_PRICE_OUTPUT", "4")
+
+
+def test_a_sync_run_stopped_then_resumed_bills_both_runs(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the stopped run's calls went unpriced: its record had no cost, and the total lost them
+    priced(monkeypatch)
+    exam(tmp_path / "run", N)
+    real, seen = Runner.settle, []
+
+    def ctrl_c_at_the_seventh(self: Runner, task: Any, values: Any) -> None:
+        seen.append(task.key)
+        if len(seen) == 7:
+            raise KeyboardInterrupt
+        real(self, task, values)
+
+    monkeypatch.setattr(Runner, "settle", ctrl_c_at_the_seventh)
+    sync = ("judge", "--out", "run", "--controls", "0", "--concurrency", "1")
+    assert run_cli(*sync).exit_code == 130
+    monkeypatch.setattr(Runner, "settle", real)
+    assert run_cli(*sync).exit_code == 0
+    usage = [r.usage for r in env.requests if r.usage is not None]
+    paid = sum(u["prompt_tokens"] + 4 * u["completion_tokens"] for u in usage) / 1e6
+    assert len(usage) == N + 1  # the call whose row the stop lost, paid all the same
+    assert folder_total(tmp_path) == pytest.approx(paid)
+
+
+def test_a_run_stopped_after_its_job_ended_leaves_the_job_billed(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the rerun finds nothing to do and shows the job the stopped run ended: it was billed
+    # nothing, as if the stopped run had counted the job
+    from ragexam.stages.batch import BatchRoad
+
+    priced(monkeypatch)
+    exam(tmp_path / "run", N)
+    env.responder = by_question
+    assert judge().exit_code == WAITING
+    run_batch_files(env, tmp_path / "files")
+    real = BatchRoad.close_job
+
+    def then_ctrl_c(self: BatchRoad) -> None:
+        real(self)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(BatchRoad, "close_job", then_ctrl_c)
+    assert judge().exit_code == 130
+    monkeypatch.setattr(BatchRoad, "close_job", real)
+    assert judge().exit_code == 0
+    record = record_of(tmp_path)
+    cost = (billed_by_rows(tmp_path)["prompt"] + 4 * billed_by_rows(tmp_path)["completion"]) / 2e6
+    assert record["cost_usd"] == pytest.approx(cost) and cost > 0  # the batch price: half
+    assert folder_total(tmp_path) == pytest.approx(cost)
+
+
+def test_a_job_of_another_model_begun_while_one_is_out_adds_to_the_total(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the first job's cost was taken off the second's, which never held it: the folder lost it
+    priced(monkeypatch)
+    exam(tmp_path / "run", 4)
+    env.responder = cut_then_grade
+    assert judge().exit_code == WAITING
+    run_batch_files(env, tmp_path / "files")
+    assert judge().exit_code == WAITING  # the re-asks are out
+    first = record_of(tmp_path)["spent_usd"]
+    assert first > 0
+    assert judge("--model", "other-model", "--force").exit_code == WAITING
+    for _ in range(3):
+        run_batch_files(env, tmp_path / "files")
+        if (result := judge("--model", "other-model")).exit_code != WAITING:
+            break
+    assert result.exit_code == 0, result.output
+    second = record_of(tmp_path)["cost_usd"]
+    assert second > 0 and folder_total(tmp_path) == pytest.approx(first + second)

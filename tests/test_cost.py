@@ -243,3 +243,22 @@ def test_a_dry_run_counts_the_rows_whose_input_changed_as_a_real_run_redoes_them
     before = env.count()
     real = run_cli(*judge)
     assert real.exit_code == 0 and env.count() - before == 2
+
+
+def test_a_price_set_after_an_unpriced_run_says_why_the_total_stays_unknown(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the earlier run's calls cannot be priced now; the line advised setting the price that
+    # was set
+    env.embedding_dim = 16
+    store = build_store(tmp_path / "store", [Document(d.page_content, id=d.id) for d in docs(6)])
+    args = ("run", "--chroma", str(store), "--out", "run", "--embedding", "openai:e")
+    args += ("--model", "my-local-llama", "--controls", "0")
+    assert "set RAGEXAM_PRICE_INPUT/OUTPUT" in run_cli(*args, "--limit", "3").output
+    monkeypatch.setenv("RAGEXAM_PRICE_INPUT", "1")
+    monkeypatch.setenv("RAGEXAM_PRICE_OUTPUT", "4")
+    priced = run_cli(*args)
+    said = " ".join(priced.output.split())
+    assert priced.exit_code == 0 and "set RAGEXAM_PRICE_INPUT/OUTPUT" not in said
+    assert "run cost: unknown: earlier runs of generate, answer, judge had no price" in said
+    assert manifest(tmp_path / "run")["cost_usd"] is None  # a total is a total or nothing

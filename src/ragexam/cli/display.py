@@ -300,6 +300,11 @@ def run_cost_line(cost: RunCost) -> str:
     within = f" ({' and '.join(runs)} runs included)" if runs else ""
     if cost.total is not None:
         return f"run cost: {cost_text(cost.total)}, {len(cost.stages)} stages{within}"
+    if cost.earlier and set(cost.earlier) == set(cost.unpriced):  # priced now, not then
+        return (
+            f"run cost: unknown: earlier runs of {', '.join(cost.earlier)} had no price, so "
+            "the folder's total cannot be known (each stage's cost line above is this run's)"
+        )
     unpriced = ", ".join(cost.unpriced)
     if len(cost.unpriced) == len(cost.stages):
         return f"run cost: unknown: no price for {unpriced}; set RAGEXAM_PRICE_INPUT/OUTPUT"

@@ -109,13 +109,15 @@ def carried_spend(previous: Mapping[str, Any] | None, job_open: bool) -> dict[st
     killed before its cost was recorded passes on what it carried."""
     previous = previous or {}
     carried = previous.get("carried") if isinstance(previous.get("carried"), dict) else None
-    if "spent_usd" in previous:
+    recorded = "spent_usd" in previous
+    if recorded:
         spent, job_cost = previous["spent_usd"], previous.get("cost_usd")
-    elif carried is not None:  # a run stopped before its cost was recorded
+    elif carried is not None:  # a run killed before its cost was recorded: what it carried
         spent, job_cost = carried.get("spent", 0.0), carried.get("job_cost", 0.0)
     else:  # none, or an older version's record: its latest run's cost, all that is known
         spent, job_cost = previous.get("cost_usd", 0.0), previous.get("cost_usd")
-    return {"carried": {"spent": spent, "job_cost": job_cost if job_open else 0.0}}
+    counted = job_cost if job_open else 0.0
+    return {"carried": {"spent": spent, "job_cost": counted, "recorded": recorded}}
 
 
 def _spent(record: Mapping[str, Any], cost: float | None) -> float | None:
@@ -125,8 +127,8 @@ def _spent(record: Mapping[str, Any], cost: float | None) -> float | None:
     carried = record.get("carried") or {}
     spent, counted = carried.get("spent", 0.0), carried.get("job_cost", 0.0)
     batch = record.get("batch")
-    if isinstance(batch, dict) and batch.get("idle"):
-        return spent  # type: ignore[no-any-return]
+    if isinstance(batch, dict) and batch.get("idle") and carried.get("recorded"):
+        return spent  # type: ignore[no-any-return]  # the job, shown again, is counted in it
     if spent is None or cost is None or counted is None:
         return None
     return float(spent + cost - counted)
@@ -169,6 +171,9 @@ class RunCost:
     """What each priced stage of a run folder cost, its control runs' folders included."""
 
     stages: dict[str, float | None]  # "generate", ..., "gold/answer": None when unknown
+    # of those unknown, the stages priced now whose earlier runs were not: a price set now
+    # cannot price them
+    earlier: tuple[str, ...] = ()
 
     @property
     def total(self) -> float | None:
@@ -190,14 +195,17 @@ class RunCost:
 def run_cost(out: Path) -> RunCost:
     """The cost of every stage recorded in OUT, then in OUT/gold and OUT/closed_book."""
     stages: dict[str, float | None] = {}
+    earlier = []
     for folder, prefix in [(out, ""), *((out / name, f"{name}/") for name in CONTROL_RUNS)]:
         recorded = read_manifest(folder).get("stages", {})
         for stage, entry in recorded.items() if isinstance(recorded, dict) else ():
             if isinstance(entry, dict) and "spent_usd" in entry:  # every run of it
                 stages[prefix + stage] = entry["spent_usd"]
+                if entry["spent_usd"] is None and entry.get("cost_usd") is not None:
+                    earlier.append(prefix + stage)
             elif isinstance(entry, dict) and "cost_usd" in entry:  # an older version's
                 stages[prefix + stage] = entry["cost_usd"]
-    return RunCost(stages)
+    return RunCost(stages, tuple(earlier))
 
 
 def record_total(out: Path) -> RunCost:

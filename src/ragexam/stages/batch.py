@@ -68,7 +68,9 @@ def run_settings(given: Given, settings: Settings) -> RunSettings:
                 "requests to write: pip install -U 'openai>=2.47'"
             )
         road = partial(drive, BatchMode(calls.batch_dir, settings))
-    return RunSettings(given.out, settings.concurrency, calls.force, settings.redact, road)
+    return RunSettings(
+        given.out, settings.concurrency, calls.force, settings.redact, road, settings
+    )
 
 
 async def drive(mode: BatchMode, runner: Runner, plan: Plan, progress: Progress | None) -> None:

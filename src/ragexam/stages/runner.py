@@ -39,9 +39,10 @@ from ragexam.io.manifest import manifest_room, read_manifest, set_run_field, upd
 from ragexam.io.rowlog import RowLog
 from ragexam.io.runfolder import RunFolder
 from ragexam.llm.pacing import Traffic
-from ragexam.llm.prices import carried_spend
+from ragexam.llm.prices import carried_spend, record_cost
 
 if TYPE_CHECKING:
+    from ragexam.config import Settings
     from ragexam.stages.session import Session
 
 # Columns the runner fills for every stage, after the stage's own.
@@ -407,6 +408,7 @@ class RunSettings:
     force: bool = False
     redact: Callable[[str], str] = str
     road: Road | None = None  # the batch road (stages/batch.py), else the sync road
+    settings: Settings | None = None  # prices a run that stops (the command prices the rest)
 
 
 def execute(
@@ -491,7 +493,10 @@ def _execute(
     previous = read_manifest(how.out).get("stages", {}).get(stage.name)
     folder = RunFolder(how.out)
     job = Ledger(folder.batch_ledger(stage.name), folder.batch_tag(stage.name)).job
-    job_open = bool(job) and not job.get("ended")  # this run goes on with a batch job
+    # this run goes on with a batch job: one still open, of this model and prompt (another's
+    # is left as it is, and this run begins its own)
+    ours = (job.get("model"), job.get("prompt_hash")) == (stage.model, stage.prompt_hash)
+    job_open = how.road is not None and bool(job) and not job.get("ended") and ours
     record = {**record, **carried_spend(previous if isinstance(previous, dict) else None, job_open)}
     update_manifest(how.out, stage.name, {**record, "status": "running"})
 
@@ -531,6 +536,8 @@ def _execute(
         try:
             final = {**record, **figures, "status": status}
             update_manifest(how.out, stage.name, final, last=True)
+            if status in ("failed", "interrupted") and how.settings is not None:
+                record_cost(how.out, stage.name, how.settings)  # its calls were paid for too
         except OutputFileError:
             if status == "finished":
                 raise  # otherwise the error that stopped the run is the one to show
