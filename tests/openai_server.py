@@ -88,8 +88,10 @@ class Quirks:
     tools_finish_as_tool_calls: bool = False  # llama.cpp: "tool_calls" even when cut at the limit
     words_per_second: float | None = None  # a CPU server: one reply at a time, written at this
     # speed, and written to the end even for a caller that gave up waiting
-    # the chat models it serves; another is answered 404 model_not_found, as OpenAI does
+    # the chat models it serves; another is answered 404 model_not_found, as OpenAI does (or,
+    # without the code, in vLLM's words)
     serves: frozenset[str] | None = None
+    unknown_model_code: str | None = "model_not_found"
 
 
 @dataclass
@@ -296,7 +298,7 @@ class FakeOpenAI:
                 f"The model `{body.get('model')}` does not exist or you do not have access to it."
             )
             out = _error(404, message)
-            out.payload["error"]["code"] = "model_not_found"
+            out.payload["error"]["code"] = self.quirks.unknown_model_code
             return out
         status = self.quirks.json_schema_status
         if status is not None and (body.get("response_format") or {}).get("type") == "json_schema":

@@ -396,6 +396,10 @@ ODD_EMBEDDINGS = {
         "different lengths",
     ),
     "nan": (with_items(lambda items: [{**i, "embedding": nan_like(i)} for i in items]), "NaN"),
+    "a null inside": (
+        with_items(lambda items: [{**i, "embedding": [0.5, None, 0.5]} for i in items]),
+        "numbers",
+    ),
 }
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from langchain_core.documents import Document
 from openai_server import FakeOpenAI
-from support import build_store, docs, read_csv, run_cli, write_qa
+from support import build_store, docs, read_csv, run_cli, write_dict_rows, write_qa
 from world import World
 
 from ragexam.analysis.controlruns import measured_diagnosis
@@ -190,3 +190,27 @@ def test_unanswerable_questions_stay_out_of_the_control_runs_figures(
         assert float(rows[document]["completeness_closed_book"]) <= 0.05, document
     assert rows["missed.md"]["diagnosis"] == "retrieval"
     assert rows["found.md"]["diagnosis"] == "ok"
+
+
+def test_the_retrieval_loss_pairs_the_questions_graded_in_both_runs(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # gold's grades of 3 found.md questions ended in error: the loss took gold's mean over the
+    # other 7 less the run's over all 10, two different sets of questions
+    world = World({"found.md": 5, "missed.md": 5}, missed={"missed.md"})
+    run = run_world(env, tmp_path, world)
+    gold = run / "gold" / "judgments.csv"
+    rows = read_csv(gold)
+    exam = {row["qa_id"]: row["document"] for row in read_csv(run / "qa_dataset.csv")}
+    spoiled = [row["qa_id"] for row in rows if exam[row["qa_id"]] == "found.md"][:3]
+    for row in rows:
+        if row["qa_id"] in spoiled:
+            row.update(status="error", error="invalid JSON", completeness="", conciseness="")
+    write_dict_rows(gold, rows)
+    assert run_cli("stats", "--out", "run").exit_code == 0
+    rag = {row["qa_id"]: float(row["completeness"]) for row in read_csv(run / "judgments.csv")}
+    golden = {row["qa_id"]: float(row["completeness"]) for row in rows if row["completeness"]}
+    paired = [golden[q] - rag[q] for q in golden]  # the 7 graded in both
+    assert len(paired) == 7
+    overall = summary(run)["ALL"]
+    assert float(overall["retrieval_loss"]) == pytest.approx(sum(paired) / 7, abs=1e-9)

@@ -62,17 +62,36 @@ def test_a_malformed_chroma_url(env: FakeOpenAI, tmp_path: Path, url: str) -> No
     one_line_error(result, 2, "--chroma-url")
 
 
+@pytest.mark.parametrize("code", ["model_not_found", None], ids=["openai", "vllm-words"])
 def test_a_model_the_endpoint_does_not_serve_is_named_not_the_url(
-    env: FakeOpenAI, tmp_path: Path
+    env: FakeOpenAI, tmp_path: Path, code: str | None
 ) -> None:
-    # OpenAI answers an unknown model 404 model_not_found: the URL is right, and the error
-    # said "no chat completions at that URL", pointing at the endpoint
+    # OpenAI answers an unknown model 404 model_not_found (vLLM in words alone): the URL is
+    # right, and the error said "no chat completions at that URL", pointing at the endpoint
     env.quirks.serves = frozenset({"gpt-4o-mini"})
+    env.quirks.unknown_model_code = code
     store = build_store(tmp_path / "store", docs(3))
     result = run_cli("generate", "--chroma", str(store), "--out", "run", "--model", "gpt-5-nope")
-    one_line_error(result, 2, "serves no such model", "gpt-5-nope", "--model")
+    one_line_error(result, 2, "serves no model 'gpt-5-nope'", "--model")
     assert "at that URL" not in result.output
     assert env.count() < 3  # stopped at the first reply: every call would fail alike
+
+
+def test_a_wrong_urls_404_page_that_says_model_and_not_found_is_still_the_url() -> None:
+    # a 404 page of a web app whose menu says "Models", at a wrong URL: not a model error
+    import httpx2
+    import openai
+
+    from ragexam.llm.endpoint import no_such_model
+
+    request = httpx2.Request("POST", "http://127.0.0.1:1/chat/completions")
+    page = "<html><nav>Models</nav><h1>404 Not Found</h1></html>"
+    response = httpx2.Response(404, request=request, text=page)
+    exc = openai.NotFoundError(page, response=response, body=None)
+    assert not no_such_model(exc, "gpt-4o-mini")
+    said = "The model `gpt-5-nope` does not exist."
+    named = openai.NotFoundError(said, response=response, body={"message": said})
+    assert no_such_model(named, "gpt-5-nope")
 
 
 @pytest.mark.parametrize(

@@ -245,12 +245,26 @@ def test_a_judge_whose_full_credit_grades_end_in_error_is_not_trusted(
     stats = run_cli("stats", "--out", "run")
     assert stats.exit_code == 0, stats.output
     (warning,) = [line for line in stats.output.splitlines() if line.startswith("Warning")]
-    assert "only 30/30 known-answer controls passed" in warning
+    assert "Warning: 30/30 known-answer controls passed" in warning  # not "only 30/30"
     assert "10 ended in error" in warning
     assert "verbatim not checked: 10/10 verbatim controls ended in error" in warning
     page = (tmp_path / "run" / "report.html").read_text()
     assert 'class="warning"' in page and "0/0, 10 errors" in page
     assert overall(tmp_path / "run")["judge_controls_errors"] == "10"
+
+
+def test_one_control_of_ten_in_error_leaves_its_kind_checked() -> None:
+    # 10% is not more than 10%: (1 - 0.9) * 10 is 0.999..., and one error made a judge
+    # untrusted; two of ten do
+    from ragexam.analysis.verdict import Verdict
+
+    kinds = (*KINDS, *INJECTIONS)
+    graded = dict.fromkeys(kinds, 10) | {"verbatim": 9}
+    one = Verdict(dict(graded), dict(graded), 1, errored={"verbatim": 1})
+    assert one.trusted and one.unchecked_kinds() == []
+    graded["verbatim"] = 8
+    two = Verdict(dict(graded), dict(graded), 2, errored={"verbatim": 2})
+    assert not two.trusted and two.unchecked_kinds() == ["verbatim"]
 
 
 def test_bounds_at_the_edges_on_the_ten_point_scale() -> None:

@@ -29,11 +29,12 @@ def control_means(
     groups: npt.NDArray[np.int64],
     answerable: npt.NDArray[np.bool_],
     n: int,
-    completeness: Any,
 ) -> dict[str, Any]:
     """Per group, the mean completeness of each control run present over its answerable
-    questions (`groups`: theirs), and the retrieval loss against `completeness`, theirs too.
-    Unanswerable questions stay out: "I don't know" is their right answer, closed-book too."""
+    questions (`groups`: theirs), and the retrieval loss: the mean of gold's completeness less
+    the run's, over the questions graded in both (with judge errors in either, the means of
+    two sets of questions would be compared). Unanswerable questions stay out: "I don't know"
+    is their right answer, closed-book too."""
     columns: dict[str, Any] = {}
     for name in COLUMNS.values():
         if name in questions:
@@ -43,8 +44,14 @@ def control_means(
                 columns[name] = np.bincount(groups[judged], values[judged], n) / np.bincount(
                     groups[judged], minlength=n
                 )
-    if "completeness_gold" in columns:
-        columns["retrieval_loss"] = columns["completeness_gold"] - completeness
+    if "completeness_gold" in columns:  # paired: the questions graded in both runs
+        gold = questions["completeness_gold"].to_numpy(dtype=float)[answerable]
+        rag = questions["completeness"].to_numpy(dtype=float)[answerable]
+        both = questions["judged"].to_numpy()[answerable] & ~np.isnan(gold)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            columns["retrieval_loss"] = np.bincount(
+                groups[both], gold[both] - rag[both], n
+            ) / np.bincount(groups[both], minlength=n)
     return columns
 
 

@@ -173,13 +173,13 @@ def _columns(
     read = judged & answerable
     completeness, conciseness, counted = _read_from(questions, groups, n, read, alone, columns)
     graded = np.where(alone, columns["n_judged"], counted)  # what the diagnosis is read from
-    columns.update(control_means(questions, groups[answerable], answerable, n, completeness))
+    columns.update(control_means(questions, groups[answerable], answerable, n))
     # the hit rate of the questions the grades are read from: with judge errors among them,
     # the grades of a few would else be read beside the retrieval of all
     both = scored & read
     hit_rate = states.means(groups[both], states.index[both], n)[1][:, RETRIEVAL.index("hit_rate")]
     diagnosis = diagnose(completeness, conciseness, hit_rate, graded)
-    low_conciseness = conciseness < LOW_CONCISENESS
+    low_conciseness = np.round(conciseness, 9) < LOW_CONCISENESS  # as written: 0.6 is not low
     columns["diagnosis"] = measured_diagnosis(columns, diagnosis, low_conciseness)
     return pd.DataFrame(columns)
 

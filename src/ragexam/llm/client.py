@@ -167,7 +167,7 @@ class LLM:
         known = self.memory.rate(self.key)
         self.pacer = Pacer(settings.concurrency, settings.rpm, settings.tpm, known)
         self.rate_limit_wait = settings.rate_limit_wait
-        self.reachability = Reachability(settings.openai_base_url, self.redact)
+        self.reachability = Reachability(settings.openai_base_url, self.redact, model)
         self.tokens = [0, 0]  # prompt and completion tokens of every call, failed ones too
         # batch results of requests asked of another model, billed at its price: model ->
         # [calls, prompt, completion]

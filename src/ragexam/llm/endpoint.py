@@ -267,21 +267,24 @@ def _raised_in_the_stack(exc: BaseException) -> bool:
     return False
 
 
-def no_such_model(exc: Exception) -> bool:
-    """Whether a 404 says the model is unknown, not the URL: OpenAI's `model_not_found`, or
-    the words vLLM ("The model `x` does not exist"), Ollama ("model \"x\" not found") and
-    llama.cpp servers use."""
+def no_such_model(exc: Exception, model: str) -> bool:
+    """Whether a 404 says the model asked for is unknown, not the URL: OpenAI's
+    `model_not_found`, or the words vLLM ("The model `x` does not exist") and Ollama
+    ("model \"x\" not found") use, naming that very model (a wrong URL's page may say
+    "model" and "not found" too, but not the model's name)."""
     if getattr(exc, "code", None) == "model_not_found":
         return True
     said = str(exc).lower()
-    return "model" in said and ("does not exist" in said or "not found" in said)
+    named = model.lower() in said and "model" in said
+    return named and ("does not exist" in said or "not found" in said)
 
 
 class Reachability:
     """Stops a stage whose first calls all fail to reach the endpoint (or hit a wrong URL)."""
 
-    def __init__(self, base_url: str | None, redact: Callable[[str], str]) -> None:
+    def __init__(self, base_url: str | None, redact: Callable[[str], str], model: str = "") -> None:
         self.endpoint = redact(base_url or "https://api.openai.com/v1")
+        self.model = model
         self.redact = redact
         self.missed = 0  # calls that failed to reach it before any reached it
         self.ok = False
@@ -297,11 +300,11 @@ class Reachability:
         """Book a failed call; raise EndpointError at the UNREACHABLE_TO_STOP-th miss."""
         import openai  # loaded by then: the call that failed went through it
 
-        if isinstance(exc, openai.NotFoundError) and no_such_model(exc):
+        if isinstance(exc, openai.NotFoundError) and no_such_model(exc, self.model):
+            said = self.redact(" ".join(str(exc).split())[:300])
             raise UnknownModel(  # the endpoint is the right one: the model is not among its own
-                f"the endpoint {self.endpoint} serves no such model: it answered HTTP 404 "
-                f"({self.redact(' '.join(str(exc).split())[:300])}); name one it serves with "
-                "--model (or RAGEXAM_MODEL)"
+                f"the endpoint {self.endpoint} serves no model {self.model!r}: it answered "
+                f"HTTP 404 ({said}); name one it serves with --model (or RAGEXAM_MODEL)"
             )
         from ragexam.llm.replies import NotAnApi
 

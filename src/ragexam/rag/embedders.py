@@ -183,7 +183,11 @@ def plain_vectors(vectors: Any, count: int) -> tuple[list[list[float]], str | No
         return [], "answered vectors that are not lists of numbers"
     if len({len(vector) for vector in vectors}) > 1:
         return [], "answered vectors of different lengths for one batch of texts"
-    if not all(math.isfinite(sum(vector)) for vector in vectors):
+    try:
+        finite = all(math.isfinite(sum(vector)) for vector in vectors)
+    except TypeError:  # a null (JSON's NaN, as many servers write it) or a text inside
+        return [], "answered vectors that are not lists of numbers"
+    if not finite:
         return [], "answered vectors holding NaN or infinite numbers"
     return vectors, None
 
