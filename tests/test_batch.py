@@ -1053,3 +1053,37 @@ def test_a_stage_over_its_error_rate_leaves_the_others_of_its_group_written(
     for folder in ("gold", "closed_book"):
         rows = read_csv(tmp_path / "run" / folder / "judgments.csv")
         assert len(rows) == 3 and all(row["status"] == "ok" for row in rows), folder
+
+
+def test_a_batched_command_rerun_with_nothing_to_do_adds_nothing_to_the_total(
+    batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the send phase left each stage's record unpriced: an idle rerun counted every
+    # stage's job again, and each rerun once more
+    monkeypatch.setenv("RAGEXAM_PRICE_INPUT", "1")
+    monkeypatch.setenv("RAGEXAM_PRICE_OUTPUT", "4")
+    exam(tmp_path / "run", 4)
+    command = ("judge", "--out", "run", "--controls", "1", "--batch")
+    assert run_cli(*command).exit_code == 0
+    first = manifest(tmp_path)["cost_usd"]
+    assert first > 0
+    for _ in range(2):
+        again = run_cli(*command)
+        assert again.exit_code == 0, again.output
+        assert manifest(tmp_path)["cost_usd"] == pytest.approx(first)
+
+
+def test_a_run_of_a_mistyped_model_that_made_no_call_leaves_the_total_known(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # it billed nothing at no known price: its cost was unknown, and so the total for good
+    env.quirks.serves = frozenset({"gpt-4o-mini"})
+    exam(tmp_path / "run", 3)
+    judged = ("judge", "--out", "run", "--controls", "0")
+    assert run_cli(*judged).exit_code == 0
+    total = manifest(tmp_path)["cost_usd"]
+    assert total > 0
+    assert run_cli(*judged, "--model", "gpt-4o-mnii", "--force").exit_code == 2
+    assert manifest(tmp_path)["cost_usd"] == pytest.approx(total)
+    assert run_cli(*judged, "--force").exit_code == 0
+    assert manifest(tmp_path)["cost_usd"] == pytest.approx(2 * total)  # graded twice, paid twice

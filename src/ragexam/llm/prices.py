@@ -110,7 +110,10 @@ def carried_spend(previous: Mapping[str, Any] | None, job_open: bool) -> dict[st
     previous = previous or {}
     carried = previous.get("carried") if isinstance(previous.get("carried"), dict) else None
     recorded = "spent_usd" in previous
-    if recorded:
+    batch = previous.get("batch")
+    if not recorded and carried is not None and isinstance(batch, dict) and batch.get("idle"):
+        recorded = bool(carried.get("recorded"))  # a stopped run that added nothing: as before it
+    if "spent_usd" in previous:
         spent, job_cost = previous["spent_usd"], previous.get("cost_usd")
     elif carried is not None:  # a run killed before its cost was recorded: what it carried
         spent, job_cost = carried.get("spent", 0.0), carried.get("job_cost", 0.0)
@@ -134,6 +137,14 @@ def _spent(record: Mapping[str, Any], cost: float | None) -> float | None:
     return float(spent + cost - counted)
 
 
+def _priced(price: Price | None, tokens: tuple[int, int]) -> float | None:
+    """What tokens cost at a price; nothing billed costs $0 at any price, even none known
+    (a run of a mistyped model that stopped before any call must not make a total unknown)."""
+    if tokens == (0, 0):
+        return 0.0
+    return price.cost(*tokens) if price else None
+
+
 def record_cost(out: Path, stage: str, settings: Settings) -> tuple[float | None, Price | None]:
     """Price the tokens the stage's last run billed; write cost_usd to it and to the run."""
     manifest = read_manifest(out)
@@ -146,13 +157,13 @@ def record_cost(out: Path, stage: str, settings: Settings) -> tuple[float | None
         "completion": record.get("completion_tokens", 0),
     }
     tokens = int(billed["prompt"]), int(billed["completion"])
-    cost = price.cost(*tokens) if price else None
+    cost = _priced(price, tokens)
     others = {**(record.get("verification") or {}), **(record.get("billed_elsewhere") or {})}
     for role in others.values():  # generate's checks, a job of another model: their prices
         checked = priced_at(str(role.get("model", "")), settings)  # on the same road
         spent = role.get("tokens_billed") or {}
-        used = int(spent.get("prompt", 0)), int(spent.get("completion", 0))
-        cost = None if cost is None or checked is None else cost + checked.cost(*used)
+        used = _priced(checked, (int(spent.get("prompt", 0)), int(spent.get("completion", 0))))
+        cost = None if cost is None or used is None else cost + used
     priced: dict[str, Any] = {"cost_usd": cost, "price": price.describe() if price else None}
     priced["spent_usd"] = _spent(record, cost)  # every run's: the folder's total adds them
     if record.get("batch"):  # beside it, what the same calls cost on the sync road

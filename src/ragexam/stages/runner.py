@@ -547,6 +547,8 @@ def _execute(
         raise unreached
     if session.sending:  # its batches are out: the command runs it again, to wait for them
         session.sent[stage.path] = Sent(runner.outcome, frozenset(runner.finished()))
+        if how.settings is not None:  # priced now: the run that waits adds to it, as a rerun
+            record_cost(how.out, stage.name, how.settings)
         raise BatchesSent
     return runner.outcome
 
