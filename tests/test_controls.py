@@ -214,3 +214,34 @@ def test_the_retrieval_loss_pairs_the_questions_graded_in_both_runs(
     assert len(paired) == 7
     overall = summary(run)["ALL"]
     assert float(overall["retrieval_loss"]) == pytest.approx(sum(paired) / 7, abs=1e-9)
+
+
+def test_the_runs_figure_beside_gold_is_its_own_over_the_same_questions(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # the run's own judge failed on 3 missed.md questions; gold graded them 0: the figure
+    # shown as the run's (gold less the loss) mixed gold over 10 with a loss over 7 (0.41,
+    # where the run's grades average 0.71)
+    world = World({"found.md": 5, "missed.md": 5}, missed={"missed.md"})
+    run = run_world(env, tmp_path, world)
+    exam = {row["qa_id"]: row["document"] for row in read_csv(run / "qa_dataset.csv")}
+    spoiled = [q for q, document in exam.items() if document == "missed.md"][:3]
+    rows = read_csv(run / "judgments.csv")
+    for row in rows:
+        if row["qa_id"] in spoiled:
+            row.update(status="error", error="invalid JSON", completeness="", conciseness="")
+    write_dict_rows(run / "judgments.csv", rows)
+    gold = read_csv(run / "gold" / "judgments.csv")
+    for row in gold:
+        if row["qa_id"] in spoiled:
+            row["completeness"] = "0.0"
+    write_dict_rows(run / "gold" / "judgments.csv", gold)
+    stats = run_cli("stats", "--out", "run")
+    assert stats.exit_code == 0, stats.output
+    graded = [float(row["completeness"]) for row in rows if row["completeness"]]
+    golden = {row["qa_id"]: float(row["completeness"]) for row in gold}
+    paired_gold = sum(golden[row["qa_id"]] for row in rows if row["completeness"]) / 7
+    mean = sum(graded) / len(graded)
+    said = " ".join(stats.output.split())
+    assert f"gold context {paired_gold:.2f}, RAG {mean:.2f}," in said
+    assert f"the retrieved chunks {mean:.0%})" in said

@@ -31,15 +31,19 @@ def control_means(
     n: int,
 ) -> dict[str, Any]:
     """Per group, the mean completeness of each control run present over its answerable
-    questions (`groups`: theirs), and the retrieval loss: the mean of gold's completeness less
-    the run's, over the questions graded in both (with judge errors in either, the means of
-    two sets of questions would be compared). Unanswerable questions stay out: "I don't know"
-    is their right answer, closed-book too."""
+    questions (`groups`: theirs; gold's over those the run graded too), and the retrieval loss:
+    the mean of gold's completeness less the run's, over the questions graded in both (with
+    judge errors in either, the means of two sets of questions would be compared; gold less
+    the loss, which the report shows as the run's figure, is the run's over the same).
+    Unanswerable questions stay out: "I don't know" is their right answer, closed-book too."""
     columns: dict[str, Any] = {}
+    graded = questions["judged"].to_numpy()[answerable]  # in the run itself
     for name in COLUMNS.values():
         if name in questions:
             values = questions[name].to_numpy(dtype=float)[answerable]
             judged = ~np.isnan(values)
+            if name == "completeness_gold":  # paired with the run's grades, as the loss is:
+                judged &= graded  # gold less the loss is then the run's over those questions
             with np.errstate(invalid="ignore", divide="ignore"):
                 columns[name] = np.bincount(groups[judged], values[judged], n) / np.bincount(
                     groups[judged], minlength=n
