@@ -464,13 +464,8 @@ def billed_by_rows(tmp_path: Path) -> dict[str, int]:
     }
 
 
-def test_stopped_mid_merge_the_rerun_merges_the_rest_ends_at_zero_and_bills_the_job(
-    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    exam(tmp_path / "run", N)
-    env.responder = by_question
-    assert judge().exit_code == WAITING
-    assert run_batch_files(env, tmp_path / "files") == N
+def ctrl_c_at_the_seventh_row(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Make the runner stop with Ctrl-C as it would write its seventh row; the real settle."""
     real, seen = Runner.settle, []
 
     def ctrl_c_at_the_seventh(self: Runner, task: Any, values: Any) -> None:
@@ -480,6 +475,17 @@ def test_stopped_mid_merge_the_rerun_merges_the_rest_ends_at_zero_and_bills_the_
         real(self, task, values)
 
     monkeypatch.setattr(Runner, "settle", ctrl_c_at_the_seventh)
+    return real
+
+
+def test_stopped_mid_merge_the_rerun_merges_the_rest_ends_at_zero_and_bills_the_job(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exam(tmp_path / "run", N)
+    env.responder = by_question
+    assert judge().exit_code == WAITING
+    assert run_batch_files(env, tmp_path / "files") == N
+    real = ctrl_c_at_the_seventh_row(monkeypatch)
     assert judge().exit_code == 130
     assert len(judged(tmp_path)) == 6
     monkeypatch.setattr(Runner, "settle", real)
@@ -560,15 +566,7 @@ def test_a_sync_run_stopped_then_resumed_bills_both_runs(
     # the stopped run's calls went unpriced: its record had no cost, and the total lost them
     priced(monkeypatch)
     exam(tmp_path / "run", N)
-    real, seen = Runner.settle, []
-
-    def ctrl_c_at_the_seventh(self: Runner, task: Any, values: Any) -> None:
-        seen.append(task.key)
-        if len(seen) == 7:
-            raise KeyboardInterrupt
-        real(self, task, values)
-
-    monkeypatch.setattr(Runner, "settle", ctrl_c_at_the_seventh)
+    real = ctrl_c_at_the_seventh_row(monkeypatch)
     sync = ("judge", "--out", "run", "--controls", "0", "--concurrency", "1")
     assert run_cli(*sync).exit_code == 130
     monkeypatch.setattr(Runner, "settle", real)

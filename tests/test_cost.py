@@ -172,13 +172,18 @@ def test_an_unknown_model_is_unknown_and_the_overrides_price_it(
     assert tokens["prompt"] > 0 and record["cost_usd"] == pytest.approx(expected)
 
 
-def test_run_records_each_stage_cost_and_the_total(
-    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def priced_store(env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A store of 8 chunks with ids, at $1 and $4 per million tokens in and out."""
     env.embedding_dim = 16
     monkeypatch.setenv("RAGEXAM_PRICE_INPUT", "1")
     monkeypatch.setenv("RAGEXAM_PRICE_OUTPUT", "4")
-    store = build_store(tmp_path / "store", [Document(d.page_content, id=d.id) for d in docs(8)])
+    return build_store(tmp_path / "store", [Document(d.page_content, id=d.id) for d in docs(8)])
+
+
+def test_run_records_each_stage_cost_and_the_total(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = priced_store(env, tmp_path, monkeypatch)
     args = ("--chroma", str(store), "--out", "run", "--embedding", "openai:embedder")
     result = run_cli("run", *args, "--model", "my-local-llama")
     assert result.exit_code == 0, result.output
@@ -198,10 +203,7 @@ def test_the_folders_total_adds_up_every_run_and_a_rerun_with_nothing_to_do_keep
 ) -> None:
     # Each run's record covered itself: after a resume the total was the resumed part's
     # cost, and a rerun that found nothing to do made it $0
-    env.embedding_dim = 16
-    monkeypatch.setenv("RAGEXAM_PRICE_INPUT", "1")
-    monkeypatch.setenv("RAGEXAM_PRICE_OUTPUT", "4")
-    store = build_store(tmp_path / "store", [Document(d.page_content, id=d.id) for d in docs(8)])
+    store = priced_store(env, tmp_path, monkeypatch)
     args = ("run", "--chroma", str(store), "--out", "run", "--embedding", "openai:embedder")
     args += ("--model", "my-local-llama", "--controls", "1")
     paid = []  # what each run's calls cost, stage by stage, from the test server's records

@@ -23,13 +23,19 @@ def fingerprint(folder: Path) -> dict[str, str]:
     }
 
 
-def test_another_store_or_collection_is_refused_naming_both(
-    env: FakeOpenAI, tmp_path: Path
-) -> None:
+def two_stores_and_an_exam_of_the_first(env: FakeOpenAI, tmp_path: Path) -> tuple[Path, Path]:
+    """Two stores (collections 'handbook' and 'other'); the first's exam written into run/."""
     env.embedding_dim = 16
     first = build_store(tmp_path / "first", docs(4))
     second = build_store(tmp_path / "second", docs(5), collection="other")
     assert run_cli("generate", "--chroma", str(first), "--out", "run").exit_code == 0
+    return first, second
+
+
+def test_another_store_or_collection_is_refused_naming_both(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    first, second = two_stores_and_an_exam_of_the_first(env, tmp_path)
     before, calls = fingerprint(tmp_path / "run"), env.count()
     for stage in (("generate",), ("answer", "--embedding", "openai:e")):
         refused = run_cli(*stage, "--chroma", str(second), "--out", "run")
@@ -49,10 +55,7 @@ def test_another_store_or_collection_is_refused_naming_both(
 def test_a_manifest_edited_out_of_json_is_refused_not_rebuilt_to_take_another_store(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:
-    env.embedding_dim = 16
-    first = build_store(tmp_path / "first", docs(4))
-    second = build_store(tmp_path / "second", docs(5), collection="other")
-    assert run_cli("generate", "--chroma", str(first), "--out", "run").exit_code == 0
+    _, second = two_stores_and_an_exam_of_the_first(env, tmp_path)
     manifest = tmp_path / "run" / "manifest.json"
     edited = manifest.read_text().replace('"collection": "handbook"', '"collection": "handbook",')
     assert edited != manifest.read_text()
