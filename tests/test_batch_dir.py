@@ -499,16 +499,20 @@ def test_stopped_mid_merge_the_rerun_merges_the_rest_ends_at_zero_and_bills_the_
 
 
 def test_a_job_begun_with_another_model_is_not_billed_as_this_one(
-    env: FakeOpenAI, tmp_path: Path
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # gpt-4o-mini's first replies are cut off and billed; its re-asks are still out when the
-    # stage goes on with another model: the record bills only what that model's rows cost.
+    # stage goes on with another model: the record bills only what that model's rows cost,
+    # and the folder's total both jobs (the first's cost was once taken off the second's)
+    priced(monkeypatch)
     exam(tmp_path / "run", 4)
     env.responder = cut_then_grade
     assert judge().exit_code == WAITING
     run_batch_files(env, tmp_path / "files")
     assert judge().exit_code == WAITING  # the re-asks are out
     assert record_of(tmp_path)["tokens_billed"]["prompt"] > 0
+    first = record_of(tmp_path)["spent_usd"]
+    assert first > 0
     assert judge("--model", "other-model", "--force").exit_code == WAITING
     for _ in range(3):
         run_batch_files(env, tmp_path / "files")
@@ -519,6 +523,8 @@ def test_a_job_begun_with_another_model_is_not_billed_as_this_one(
     rows = judged(tmp_path).values()
     assert {row["model"] for row in rows} == {record["model"]} == {"other-model"}
     assert record["tokens_billed"] == billed_by_rows(tmp_path)
+    assert record["cost_usd"] > 0
+    assert folder_total(tmp_path) == pytest.approx(first + record["cost_usd"])
 
 
 def test_run_writes_the_key_points_once_and_says_what_waits_once(
@@ -603,25 +609,3 @@ def test_a_run_stopped_after_its_job_ended_leaves_the_job_billed(
     cost = (billed_by_rows(tmp_path)["prompt"] + 4 * billed_by_rows(tmp_path)["completion"]) / 2e6
     assert record["cost_usd"] == pytest.approx(cost) and cost > 0  # the batch price: half
     assert folder_total(tmp_path) == pytest.approx(cost)
-
-
-def test_a_job_of_another_model_begun_while_one_is_out_adds_to_the_total(
-    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # the first job's cost was taken off the second's, which never held it: the folder lost it
-    priced(monkeypatch)
-    exam(tmp_path / "run", 4)
-    env.responder = cut_then_grade
-    assert judge().exit_code == WAITING
-    run_batch_files(env, tmp_path / "files")
-    assert judge().exit_code == WAITING  # the re-asks are out
-    first = record_of(tmp_path)["spent_usd"]
-    assert first > 0
-    assert judge("--model", "other-model", "--force").exit_code == WAITING
-    for _ in range(3):
-        run_batch_files(env, tmp_path / "files")
-        if (result := judge("--model", "other-model")).exit_code != WAITING:
-            break
-    assert result.exit_code == 0, result.output
-    second = record_of(tmp_path)["cost_usd"]
-    assert second > 0 and folder_total(tmp_path) == pytest.approx(first + second)
