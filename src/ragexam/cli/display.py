@@ -219,6 +219,12 @@ class BarProgress:
         self.errors += not ok
         self.bar.update(self.task, advance=1, errors=self.errors)
 
+    def stopped_line(self) -> str:
+        """What the stage had done when it was stopped: the rows this run wrote."""
+        done = int(self.bar.tasks[0].completed)
+        errors = f", {self.errors} of them error rows" if self.errors else ""
+        return f"{self.label} stopped: {done} rows written this run{errors}"
+
 
 @contextmanager
 def progress_bar(label: str) -> Iterator[BarProgress]:

@@ -56,11 +56,14 @@ class Printer(Observer):
 
     @contextmanager
     def _bar(self, stage: str) -> Iterator[Progress | None]:
+        bar = None
         try:
             with progress_bar(stage) as bar:
                 yield bar
         except KeyboardInterrupt:
             self.say_notes()  # stopped: what was noted is said all the same, bar gone
+            if bar is not None:  # which stage stopped, and what it had written
+                say(bar.stopped_line())
             raise
 
     def note(self, text: str) -> None:
