@@ -81,6 +81,8 @@ def test_stats_shows_each_kind_apart_and_all_together(tmp_path: Path) -> None:
     # 1/2, 1. All found: 1, 0, 0, 1. AP: 1, 0, (1/2)/2, (1/1 + 2/3)/2. P@5: 1, 0, 1, 2 fifths.
     expected = {
         "questions": 7,
+        "n_answered": 7,
+        "n_ranked": 4,  # the answerable ones: the retrieval means' n
         "hit_rate": 0.75,
         "mrr": 2.5 / 4,
         "recall": 2.5 / 4,
@@ -92,6 +94,7 @@ def test_stats_shows_each_kind_apart_and_all_together(tmp_path: Path) -> None:
         "questions_single": 2,
         "questions_multi_hop": 2,
         "questions_unanswerable": 3,
+        "n_judged_unanswerable": 3,
         "hit_rate_single": 0.5,
         "hit_rate_multi_hop": 1.0,
         "mrr_multi_hop": 0.75,
@@ -255,3 +258,40 @@ def test_a_question_of_no_kind_is_refused_before_answer_or_judge_pays(
         result = run_cli(*stage, "--out", str(run))
         assert result.exit_code == 2, result.output
         assert "qa_id 'm1'" in result.output and said in " ".join(result.output.split())
+
+
+def test_the_made_up_share_names_the_graded_questions_it_is_of(tmp_path: Path) -> None:
+    """u3's judgment failed: 1 of the 2 graded unanswerable questions got a made-up answer,
+    which the headline said as "50% of 3" (3 asked), a share of no count it named."""
+    run = write_run(tmp_path / "run")
+    judgments = read_rows(run / "judgments.csv", [])
+    failed = {"completeness": "", "conciseness": "", "status": "error", "error": "LLMError: 500"}
+    rows = [row | failed if row["qa_id"] == "u3" else row for row in judgments]
+    write_dict_rows(run / "judgments.csv", rows)
+    result = run_cli("stats", "--out", str(run), "--k", "5")
+    assert result.exit_code == 0, result.output
+    (overall,) = read_rows(run / "summary.csv", ["document"])
+    assert overall["n_judged_unanswerable"] == "2" and overall["questions_unanswerable"] == "3"
+    assert float(overall["made_up_unanswerable"]) == 0.5
+    said = " ".join(result.output.split())
+    assert "50% of 2 graded unanswerable questions get made-up answers" in said
+
+
+def test_the_scatter_places_a_document_by_the_grades_its_diagnosis_reads(
+    tmp_path: Path,
+) -> None:
+    """d1's answerable questions average 0.625 and 0.625 (ok); its two unanswerable ones, a
+    right decline (conciseness 1 here) and a made-up answer (0, 0), pull the means of all six
+    to 0.58: the dot sat in the region of low completeness, coloured ok."""
+    run = write_run(tmp_path / "run")
+    result = run_cli("stats", "--out", str(run), "--k", "5")
+    assert result.exit_code == 0, result.output
+    documents = {row["document"]: row for row in read_rows(run / "summary_by_document.csv", [])}
+    d1 = documents["d1"]
+    assert d1["diagnosis"] == "ok"
+    assert float(d1["completeness_answerable"]) == float(d1["conciseness_answerable"]) == 0.625
+    assert float(d1["completeness_mean"]) == pytest.approx(3.5 / 6)
+    assert documents["d2"]["completeness_answerable"] == ""  # no answerable question
+    report = (run / "report.html").read_text(encoding="utf-8")
+    dot = "d1: completeness 0.62, conciseness 0.62 of the answerable questions, 6 questions, ok"
+    assert dot in report

@@ -260,16 +260,44 @@ def test_a_document_name_is_never_read_as_terminal_markup(
     assert "[red]x[/red]" in result.stdout
 
 
-def test_a_huge_k_is_capped_at_the_deepest_rank_retrieved(tmp_path: Path) -> None:
+def test_a_huge_k_cuts_the_rank_distribution_not_precision(tmp_path: Path) -> None:
     run = crafted_run(tmp_path / "run")
     result = run_cli("stats", "--out", str(run), "--k", "10000")
     assert result.exit_code == 0, result.output
-    assert "cutoff k=7" in result.output  # b2's rank 7 is the deepest; one id per answer
+    assert "cutoff k=10000" in result.output
     said = " ".join(result.output.split())
     assert "--k 10000 is past every answer's retrieved chunks (7 at most)" in said  # not silent
-    by_document, _, _ = summaries(run)
-    assert math.isclose(float(by_document["E"]["precision"]), 1 / 7)  # e1: hit at rank 1, K=7
-    assert math.isclose(float(by_document["E"]["f1"]), 2 / (7 + 1))
+    assert "the rank distribution stops at 7" in said
+    by_document, overall, _ = summaries(run)
+    # trec_eval's P@10000: e1's hit at rank 1 is one relevant chunk in 10,000 places
+    assert math.isclose(float(by_document["E"]["precision"]), 1 / 10000)
+    assert math.isclose(float(by_document["E"]["f1"]), 2 / (10000 + 1))
+    assert overall["rank_7"] == "1" and "rank_8" not in overall  # b2, at the deepest rank
+    assert (run / "report.html").is_file()
+
+
+def test_answers_shorter_than_k_count_the_places_they_leave_empty(tmp_path: Path) -> None:
+    """A RAG system that returns 2 chunks where answer's k was 4: precision is found/4, as
+    trec_eval's P@4, and the distribution still goes to rank 4 (a k cut at the deepest rank
+    retrieved made it found/2, and left rank_3, rank_4 and the cutoff 3 out)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    qa = [[qa_id, f"c-{qa_id}", "D", f"Q {qa_id}?", f"T {qa_id}", "ok", ""] for qa_id in "xy"]
+    write_csv(run / "qa_dataset.csv", QA_HEADER, qa)
+    answers = [
+        ["x", "A x", json.dumps(["c-x", "c-other"]), 1, "ok", ""],
+        ["y", "A y", json.dumps(["c-other", "c-more"]), "", "ok", ""],
+    ]
+    write_csv(run / "answers.csv", ANSWER_HEADER, answers)
+    write_csv(run / "judgments.csv", JUDGE_HEADER, [[q, 1.0, 1.0, "ok", ""] for q in "xy"])
+    (run / "manifest.json").write_text(json.dumps({"stages": {"answer": {"k": 4}}}))
+    result = run_cli("stats", "--out", str(run))
+    assert result.exit_code == 0, result.output
+    assert "cutoff k=4" in result.output
+    _, overall, _ = summaries(run)
+    assert numbers(overall, "precision", "f1") == pytest.approx([1 / 4 / 2, 2 / 5 / 2])
+    assert numbers(overall, "rank_1", "rank_2", "rank_3", "rank_4") == [1, 0, 0, 0]
+    assert numbers(overall, "hit_rate_at_3", "recall_at_3") == [0.5, 0.5]
 
 
 @pytest.mark.parametrize("status", [None, ""])

@@ -201,6 +201,7 @@ def kind_columns(
         mine, end = codes == code, suffix(kind)
         columns[f"questions_{end}"] = np.bincount(groups[mine], minlength=n)
         graded = mine & judged
+        columns[f"n_judged_{end}"] = np.bincount(groups[graded], minlength=n)  # their means' n
         for name in (name for name in FIGURES[kind] if name not in RETRIEVAL):
             values = _column(questions, name.removesuffix("_mean"))[graded]
             columns[f"{name}_{end}"] = group_means(groups[graded], values, n)

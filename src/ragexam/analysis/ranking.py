@@ -12,7 +12,7 @@ one by one, so a million questions cost a bincount.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -36,6 +36,12 @@ class RankStates:
     index: IntArray  # per question
     states: tuple[tuple[int, Ranks], ...]
     k: int
+    depth: int = 0  # the ranks the rank distribution counts, when fewer than k
+
+    @property
+    def ranks(self) -> int:
+        """How far the rank distribution goes: k, or the depth it was cut to."""
+        return self.depth or self.k
 
     def table(self, cutoff: int | None = None) -> FloatArray:
         """Every metric of every state, cut at `cutoff` (k when None): states x COLUMNS."""
@@ -54,11 +60,12 @@ class RankStates:
         return np.array([min(ranks, default=0) for _, ranks in self.states], dtype=np.int64)
 
 
-def question_states(questions: pd.DataFrame, k: int) -> RankStates:
-    """The states of load_questions' questions: their best rank, R and found ranks."""
+def question_states(questions: pd.DataFrame, k: int, depth: int = 0) -> RankStates:
+    """The states of load_questions' questions: their best rank, R and found ranks (and the
+    rank distribution cut at `depth`, if given)."""
     best, relevant = questions["rank"].to_numpy(), questions["relevant"].to_numpy()
     found = questions["found"].to_numpy() if "found" in questions else ()
-    return rank_states(best, relevant, found, k)
+    return replace(rank_states(best, relevant, found, k), depth=depth)
 
 
 def rank_states(

@@ -82,14 +82,7 @@ def _summarise_run(options: StatsOptions) -> StatsResult:
     exam = folder.exam()  # answer records where its exam came from
     questions = select(questions, exam, options.split, options.exclude_flagged)
     k = resolve_k(out, options.k)
-    deepest = deepest_rank(out, questions) or k
-    if options.k is not None and options.k > deepest:  # asked for: never silently ignored
-        logger.warning(
-            f"stats: --k {options.k} is past every answer's retrieved chunks ({deepest} at "
-            f"most): the figures are at k={deepest}"
-        )
-    k = min(k, deepest)  # a k past every retrieved chunk adds nothing
-    states = question_states(questions, k)
+    states = question_states(questions, k, _depth(out, questions, options.k))
     by_document, overall = summarise(questions, states, options.seed)
     kinds = summarise_kinds(questions, states, overall, options.seed)
     names = ("summary_by_document", "summary") + ("summary_by_kind",) * (not kinds.empty)
@@ -112,6 +105,24 @@ def _summarise_run(options: StatsOptions) -> StatsResult:
         with atomic_file(paths["summary_by_kind"]) as handle:
             kinds.to_csv(handle, index=False, float_format="%.12g")
     return result
+
+
+def _depth(out: Path, questions: pd.DataFrame, asked: int | None) -> int:
+    """How far the rank distribution goes: to k, but for a --k past every answer's retrieved
+    chunks (`stats --k 10000`), which stops it at the deepest (or at the k answer used).
+    Precision and F1 are at the k asked all the same, as trec_eval's: the places past an
+    answer's last chunk hold nothing relevant."""
+    deepest = deepest_rank(out, questions) if asked is not None else None
+    if asked is None or deepest is None or asked <= deepest:
+        return 0
+    depth = max(deepest, resolve_k(out, None))
+    if asked > depth:  # asked for: never silently cut
+        logger.warning(
+            f"stats: --k {asked} is past every answer's retrieved chunks ({deepest} at most): "
+            f"precision and F1 count the places past an answer's last chunk as not relevant, "
+            f"and the rank distribution stops at {depth}"
+        )
+    return min(asked, depth)
 
 
 # -- summarising ---------------------------------------------------------------------------------
@@ -166,12 +177,16 @@ def _columns(
         columns[f"{name}_ci_low"], columns[f"{name}_ci_high"] = ci(groups[judged], values, n)
     columns.update(key_point_columns(questions, groups, n, judged))
     scored = retrieved(questions)
+    columns["n_ranked"] = np.bincount(groups[scored], minlength=n)  # the retrieval means' n
     columns.update(_retrieval(groups[scored], states.index[scored], states, n, ci))
     columns.update(cutoff_columns(groups[scored], states.index[scored], states, n))
     answerable = kind_codes(questions) != KINDS.index(UNANSWERABLE)
     alone = np.bincount(groups[answerable], minlength=n) == 0  # unanswerable questions alone
     read = judged & answerable
     completeness, conciseness, counted = _read_from(questions, groups, n, read, alone, columns)
+    if not answerable.all():  # what the diagnosis reads, beside the means of every question
+        columns["completeness_answerable"] = np.where(alone, np.nan, completeness)
+        columns["conciseness_answerable"] = conciseness
     graded = np.where(alone, columns["n_judged"], counted)  # what the diagnosis is read from
     columns.update(control_means(questions, groups[answerable], answerable, n))
     # the hit rate of the questions the grades are read from: with judge errors among them,
@@ -223,7 +238,7 @@ def _retrieval(
             columns[f"{name}_ci_low"], columns[f"{name}_ci_high"] = bounds
     columns["missed"] = counts @ (table[:, 0] == 0).astype(np.int64)
     best = states.best()
-    for rank in range(1, states.k + 1):
+    for rank in range(1, states.ranks + 1):
         columns[f"rank_{rank}"] = counts @ (best == rank).astype(np.int64)
     return columns
 

@@ -26,7 +26,8 @@ DIAGNOSES = {
     "generation": "low completeness although the source chunk is retrieved: the answer misses it",
     "too much context": "complete but not concise: retrieve fewer chunks, or rerank them",
     "ok": "complete and concise",
-    "not judged": "no judged question yet, so no judge-based diagnosis",
+    "not judged": "no graded question (none judged yet, or every judgment failed), so no "
+    "judge-based diagnosis",
     **MEASURED,
 }
 COUNTS = {"errors": "error", "pending": "pending", "n_answered": "answered", "n_judged": "judged"}

@@ -5,6 +5,7 @@ Drawn in Python as plain SVG, so the report needs no script and no network to vi
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable
 from html import escape
@@ -101,7 +102,7 @@ def _bar(row: pd.Series, metric: str, left: int, scale: int, y: float, colour: s
     """One bar with its CI whisker and a tooltip; a note when nothing is judged."""
     mean, low, high = (row[f"{metric}_{part}"] for part in ("mean", "ci_low", "ci_high"))
     if pd.isna(mean):  # one note for the pair of bars
-        note = "no judged question yet" if metric == "completeness" else ""
+        note = "no graded question" if metric == "completeness" else ""
         return svg_text(left + 4, y + 14, note, 'fill="#57606a"')
     tip = f"{metric} {mean:.3f}, 95% CI {low:.3f} to {high:.3f}"
     low, high = left + low * scale, left + high * scale
@@ -113,10 +114,13 @@ def _bar(row: pd.Series, metric: str, left: int, scale: int, y: float, colour: s
     )
 
 
-def histogram(overall: pd.Series, k: int, width: int = 460) -> str:
-    """Answered questions per rank 1..k, then the misses: share above, count below."""
-    labels = [*map(str, range(1, k + 1)), "miss"]
-    counts = [int(overall[f"rank_{rank}"]) for rank in range(1, k + 1)] + [int(overall["missed"])]
+def histogram(overall: pd.Series, width: int = 460) -> str:
+    """Answered questions per rank 1..k (or as far as the summary counts them: a `stats --k`
+    past every retrieved chunk), then the misses: share above, count below."""
+    depth = next(rank for rank in itertools.count(1) if f"rank_{rank}" not in overall) - 1
+    labels = [*map(str, range(1, depth + 1)), "miss"]
+    counts = [int(overall[f"rank_{rank}"]) for rank in range(1, depth + 1)]
+    counts.append(int(overall["missed"]))
     total, tallest, bottom = max(sum(counts), 1), max(*counts, 1), 380
     step = (width - 40) / len(counts)
     parts = [f'<line x1="20" y1="{bottom}" x2="{width - 20}" y2="{bottom}" stroke="#8c959f"/>']
@@ -138,20 +142,24 @@ def histogram(overall: pd.Series, k: int, width: int = 460) -> str:
 
 
 def scatter(documents: pd.DataFrame, size: int = 400) -> str:
-    """Documents by mean completeness (x) and conciseness (y) over the diagnosis regions."""
+    """Documents by mean completeness (x) and conciseness (y) over the diagnosis regions: of
+    their answerable questions, which the diagnosis reads, when the exam has unanswerable ones
+    (a right decline states nothing, so its conciseness is 0: a dot read over it would sit in
+    a region its diagnosis is not)."""
     pad = 40
     parts = [_regions(size, pad)]
-    judged = documents.dropna(subset=["completeness_mean", "conciseness_mean"])
+    read = ("completeness_answerable", "conciseness_answerable")
+    axes = read if read[0] in documents else ("completeness_mean", "conciseness_mean")
+    of = " of the answerable questions" if axes == read else ""
+    judged = documents.dropna(subset=list(axes))
     judged = judged.nlargest(SCATTER_DOCUMENTS, "questions")
     biggest = max(int(judged["questions"].max()) if len(judged) else 1, 1)
     for row in judged.to_dict("records"):
-        completeness, conciseness, questions = (
-            row[name] for name in ("completeness_mean", "conciseness_mean", "questions")
-        )
+        completeness, conciseness, questions = (row[name] for name in (*axes, "questions"))
         x, y = pad + completeness * size, pad / 2 + (1 - conciseness) * size
         tip = (
             f"{row['document']}: completeness {completeness:.2f}, conciseness "
-            f"{conciseness:.2f}, {questions} questions, {row['diagnosis']}"
+            f"{conciseness:.2f}{of}, {questions} questions, {row['diagnosis']}"
         )
         radius, fill = (
             3 + 9 * math.sqrt(questions / biggest),

@@ -111,9 +111,11 @@ def _where(result: StatsResult) -> str:
         parts.append(f"{len(broken)} of {len(documents)} documents need work")
     else:
         parts.append("no document stands out")
-    made_up, asked = row.get("made_up_unanswerable"), row.get("questions_unanswerable", 0)
-    if made_up is not None and not pd.isna(made_up) and made_up > 0:
-        parts.append(f"{made_up:.0%} of {int(asked):,} unanswerable questions get made-up answers")
+    made_up, graded = row.get("made_up_unanswerable"), row.get("n_judged_unanswerable", 0)
+    if made_up is not None and not pd.isna(made_up) and made_up > 0:  # a share of the graded
+        parts.append(
+            f"{made_up:.0%} of {int(graded):,} graded unanswerable questions get made-up answers"
+        )
     return "; ".join(parts)
 
 

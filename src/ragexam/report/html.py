@@ -165,8 +165,8 @@ def _pair(result: StatsResult) -> str:
         '<section class="pair"><div><h2>Where the source chunk ranked</h2>'
         f'<p class="note">Every answered question; a miss is a rank beyond k={result.k}.</p>'
         + page.responsive(
-            histogram(result.overall.iloc[0], result.k),
-            histogram(result.overall.iloc[0], result.k, 330),
+            histogram(result.overall.iloc[0]),
+            histogram(result.overall.iloc[0], 330),
         )
         + "</div>"
         '<div><h2>Completeness against conciseness</h2><p class="note">One dot per document, '
@@ -260,7 +260,9 @@ def _legend(result: StatsResult) -> str:
         f"Completeness below {LOW_COMPLETENESS:g} is low, hit rate below {LOW_HIT_RATE:g} is "
         f"low, conciseness below {LOW_CONCISENESS:g} is low.",
         "Judge means are over the judged questions, retrieval means over the answered ones, "
-        "misses included; a question that failed in any stage counts in errors and in no mean.",
+        "misses included; a question that failed counts in errors, and in no mean of the "
+        "stage that failed or of those after it (a failed judgment keeps the retrieval of its "
+        "answer, but not a place in the diagnosis).",
         f"95% confidence intervals: percentile bootstrap, {RESAMPLES} resamples, seed "
         f"{result.seed} (per document a Poisson bootstrap, overall the exact multinomial one).",
         "Retrieval metrics follow trec_eval, with the question's chunks as its relevant ones "
