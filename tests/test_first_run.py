@@ -239,3 +239,16 @@ def test_answers_record_the_texts_the_answerer_saw(env: FakeOpenAI, tmp_path: Pa
     assert bare.exit_code == 0, bare.output
     header = (tmp_path / "bare" / "answers.csv").read_text(encoding="utf-8").splitlines()[0]
     assert "retrieved_ids" in header and "retrieved_texts" not in header
+    # --no-texts on a file written with them resumes it: its rows keep their texts, and the
+    # rows made now leave them empty (it was refused as "other columns than this version")
+    answers = (tmp_path / "run" / "answers.csv").read_text(encoding="utf-8").splitlines()
+    kept, dropped = answers[:-2], answers[-2:]
+    (tmp_path / "run" / "answers.csv").write_text("\n".join(kept) + "\n", encoding="utf-8")
+    resumed = run_cli(*args, "--out", "run", "--max-chunk-chars", "120", "--no-texts")
+    assert resumed.exit_code == 0, resumed.output
+    rows = read_csv(tmp_path / "run" / "answers.csv")
+    assert len(rows) == len(answers) - 1
+    redone = {row["qa_id"] for row in rows[-2:]}
+    assert redone == {line.split(",", 1)[0] for line in dropped}
+    assert all(row["retrieved_texts"] == "" for row in rows[-2:])
+    assert all(json.loads(row["retrieved_texts"]) for row in rows[:-2])

@@ -157,6 +157,19 @@ def _undecodable(fields: list[str]) -> str | None:
     return None
 
 
+def header_of(path: Path) -> list[str]:
+    """The column names of a CSV file, [] when it is not there or empty (unreadable: what
+    reading its rows says)."""
+    try:
+        with path.open("rb") as handle:
+            if handle.read(3) != codecs.BOM_UTF8:
+                handle.seek(0)
+            header = next(records_in(handle), None)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return []
+    return [] if header is None or header.problem else header.fields
+
+
 def read_rows(
     path: Path, required: Sequence[str], key: str | None = None, filled: Sequence[str] = ()
 ) -> list[dict[str, str]]:

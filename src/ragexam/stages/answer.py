@@ -13,7 +13,7 @@ from typing import Any
 from ragexam.config import AnswerContext, Settings
 from ragexam.errors import ConfigError, InputFileError
 from ragexam.io.cells import KINDS, NOT_A_KIND, id_list
-from ragexam.io.csvfile import read_rows
+from ragexam.io.csvfile import header_of, read_rows
 from ragexam.io.runfolder import RunFolder, file_identity
 from ragexam.options import DEFAULT_K, Given
 from ragexam.rag.base import Question, RagSystem
@@ -95,7 +95,10 @@ def run_answer(settings: Settings, given: Given, session: Session) -> StageResul
         "answer",
         folder.answers,
         "qa_id",
-        ANSWER_COLUMNS + TEXT_COLUMNS if asked.texts else ANSWER_COLUMNS,
+        # --no-texts on a file written with them: its rows keep theirs, new ones leave them empty
+        ANSWER_COLUMNS + TEXT_COLUMNS
+        if asked.texts or set(TEXT_COLUMNS) <= set(header_of(folder.answers))
+        else ANSWER_COLUMNS,
         system.model,
         system.prompt_hash,
         system.fixed(),
