@@ -65,6 +65,9 @@ def test_a_truthful_judge_passes_its_controls_and_the_report_says_so(
     judged = read_csv(tmp_path / "run" / "judgments.csv")
     assert sorted(row["qa_id"] for row in judged) == sorted(f"q{i}" for i in range(12))
     controls = controls_of(tmp_path / "run")
+    header = next(iter(controls.values()))
+    design = ["qa_id", "control", "answer", "completeness", "conciseness", "passed", "status"]
+    assert [name for name in header if name in design] == design  # design.md's order
     assert len(controls) == 80 and Counter(row["control"] for row in controls.values()) == {
         kind: 10 for kind in (*KINDS, *INJECTIONS)
     }

@@ -106,6 +106,9 @@ def test_every_figure_matches_the_hand_derived_value(tmp_path: Path) -> None:
         "F": "not judged",
     }
     assert overall["document"] == "ALL"
+    design = ["document", "questions", "errors", "completeness_mean", "conciseness_mean"]
+    design += ["hit_rate", "mrr", "ndcg", "map", "precision", "recall", "f1", "missed"]
+    assert [name for name in overall if name in design] == design  # design.md's order
     assert numbers(overall, *counts, *ranks) == [14, 3, 3, 11, 8, 3, 5, 2, 1, 0, 0]
     figures = numbers(overall, "completeness_mean", "conciseness_mean", "hit_rate", "mrr")
     assert figures == pytest.approx([4.0 / 8, 5.8 / 8, 8 / 11, 19 / 33])

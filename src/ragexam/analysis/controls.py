@@ -17,7 +17,8 @@ from ragexam.analysis.injections import INJECTIONS, injected
 from ragexam.config import Scale
 from ragexam.io.rowlog import RowLog
 
-# The runner's key is control_id ("qa_id:kind"); these follow it, before the judge's columns.
+# The runner's key is control_id ("qa_id:kind"); these follow it, before the judge's columns,
+# and `passed` follows the judge's grades (design.md's order).
 CONTROL_COLUMNS = (
     "qa_id",
     "control",
@@ -26,7 +27,6 @@ CONTROL_COLUMNS = (
     "question",
     "ground_truth_answer",
     "answer",
-    "passed",
 )
 DONT_KNOW = "I don't know."
 SLACK = 1e-9  # a mean of samples may land a hair off a bound it meets exactly

@@ -107,6 +107,10 @@ def _summarise_run(options: StatsOptions) -> StatsResult:
     return result
 
 
+# The retrieval columns in the order design.md lists them (NDCG before MAP)
+WRITTEN = ("hit_rate", "mrr", "ndcg", "map", "precision", "recall", "f1", "all_found")
+
+
 def _depth(out: Path, questions: pd.DataFrame, asked: int | None) -> int:
     """How far the rank distribution goes: to k, but for a --k past every answer's retrieved
     chunks (`stats --k 10000`), which stops it at the deepest (or at the k answer used).
@@ -231,7 +235,8 @@ def _retrieval(
     counts, means = states.means(groups, index, n)
     table = states.table()
     columns: dict[str, Any] = {}
-    for position, name in enumerate(RETRIEVAL):
+    for name in WRITTEN:
+        position = RETRIEVAL.index(name)
         columns[name] = means[:, position]
         if name in ("hit_rate", "mrr"):
             bounds = ci(groups, table[index, position], n)

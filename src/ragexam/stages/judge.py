@@ -101,7 +101,8 @@ def run_controls(settings: Settings, given: Given, session: Session, exams: Exam
     controls = build_controls(sources_of(exams.exams, exams.scale), count, seed, exams.scale)
     settings.api_key()
     plan = ControlPlan(_exam_method(settings, given.out), given, controls, session, exams.scale)
-    columns = (*CONTROL_COLUMNS, *JUDGE_COLUMNS)
+    grades = JUDGE_COLUMNS.index("conciseness") + 1
+    columns = (*CONTROL_COLUMNS, *JUDGE_COLUMNS[:grades], "passed", *JUDGE_COLUMNS[grades:])
     stage = plan.stage("judge_controls", RunFolder(given.out).controls, "control_id", columns)
     keep_planned(stage.path, stage.all_columns(), controls)
     record = {"controls": count, "seed": seed, "rows": len(controls)}
