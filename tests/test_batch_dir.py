@@ -255,6 +255,38 @@ def test_requests_out_in_a_folder_are_collected_from_it_not_elsewhere(
     assert not (tmp_path / "run" / "judgments.csv").exists() or not judged(tmp_path)
 
 
+def test_requests_out_in_one_folder_are_not_waited_for_in_another(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    """--batch-dir other, while the requests are out in files: it exited 75 saying to run the
+    files of other/requests/, which held none, and its until-loop never ended."""
+    exam(tmp_path / "run", 3)
+    assert judge().exit_code == WAITING
+    other = run_cli("judge", "--out", "run", "--controls", "0", "--batch-dir", "other")
+    assert other.exit_code == 2, other.output
+    said = " ".join(other.output.split())
+    assert "3 requests of judge are out in" in said and "rerun with --batch-dir" in said
+    assert said.rstrip().endswith("rows again)")  # one line, naming the folder and the way on
+    assert f"--batch-dir {tmp_path / 'files'}" in said
+    assert not (tmp_path / "other" / "requests").exists()
+    env.responder = by_question
+    assert run_batch_files(env, tmp_path / "files") == 3
+    assert judge().exit_code == 0 and len(judged(tmp_path)) == 3
+
+
+@pytest.mark.parametrize("where", ["afile", "afile/sub"])
+def test_a_batch_dir_that_is_a_file_is_one_line(
+    env: FakeOpenAI, tmp_path: Path, where: str
+) -> None:
+    """It was 'Internal error: NotADirectoryError ... This is a bug'."""
+    exam(tmp_path / "run", 2)
+    (tmp_path / "afile").write_text("not a folder")
+    result = run_cli("judge", "--out", "run", "--controls", "0", "--batch-dir", where)
+    assert result.exit_code == 2, result.output
+    assert f"--batch-dir {where}" in result.output and "a file, not a folder" in result.output
+    assert "bug" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
 def test_harder_questions_are_refused_on_the_batch_road_before_any_call(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:

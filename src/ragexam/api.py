@@ -335,6 +335,16 @@ def _waiting(*results: Result) -> None:
         raise BatchPending(waiting, folder)
 
 
+def _check_batch_dir(folder: Path) -> None:
+    """A --batch-dir that is a file, or under one, is refused in a line naming it."""
+    for place in (folder, *folder.parents):
+        if place.exists():
+            if not place.is_dir():
+                what = "is a file" if place == folder else f"is under {place}, a file"
+                raise ConfigError(f"--batch-dir {folder} {what}, not a folder: name a folder")
+            return
+
+
 def _check_batch(given: Given) -> None:
     """Refuse batch options that cannot be honoured, before any call."""
     calls = given.calls
@@ -343,6 +353,8 @@ def _check_batch(given: Given) -> None:
             "--batch sends the calls to the endpoint's Batch API, --batch-dir writes them to "
             "files: give one of them"
         )
+    if calls.batch_dir is not None:
+        _check_batch_dir(calls.batch_dir)
     batched = calls.batch or calls.batch_dir is not None
     harder = batched and (given.exam.multi_hop or given.exam.unanswerable)
     if harder and _harder_lacking(given):  # once the exam holds them, the rest can batch

@@ -213,6 +213,11 @@ class BatchRoad:
         other = self.ledger.out_elsewhere(self.kind)
         if other:
             raise batches_out(self.ledger, other)
+        if self.mode.folder is not None:  # out in another --batch-dir: its results come there
+            here = (self.mode.folder / "requests").resolve()
+            away = [s for s in self.ledger.waiting() if s.path.parent.resolve() != here]
+            if away:
+                raise batches_out(self.ledger, away)
         unmerged = [path for path in self.ledger.held() if path != self.ledger.carry]
         if self.kind == "dir" and unmerged:  # a Batch API's results: only --batch merges them
             raise results_held(self.ledger, "--batch")
