@@ -119,7 +119,9 @@ def test_a_failed_line_goes_out_again_in_a_new_file(
     )
     assert len(judged(tmp_path)) == N - 3
     run_batch_files(env, tmp_path / "files", "vllm")
-    assert judge().exit_code == 0
+    last = judge()
+    assert last.exit_code == 0, last.output
+    assert "failure" not in last.output  # the retries' results all came back whole: said once
     rows = judged(tmp_path)
     assert all(row["status"] == "ok" for row in rows.values()) and len(rows) == N
     assert {rows[lines[i]["custom_id"].split("~")[3]]["attempts"] for i in (1, 2, 3)} == {"2"}
@@ -323,6 +325,22 @@ def test_a_result_file_that_begins_with_a_byte_order_mark_is_merged_whole(
     done = judge()
     assert done.exit_code == 0, done.output
     assert graded_by_question(judged(tmp_path))
+
+
+def test_a_result_line_cut_short_is_said_to_be_cut_and_its_row_waits(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    """An engine's machine stopped while writing its last line: that line was said to be a
+    request file's, or another shape than OpenAI's or vLLM's."""
+    result = results_of_every_request(env, tmp_path)
+    data = result.read_bytes()
+    result.write_bytes(data[: len(data) - 200])  # the last line cut 200 bytes short
+    cut = judge()
+    assert cut.exit_code == WAITING, cut.output
+    said = " ".join(cut.output.split())
+    assert f"1 line of {result} names a request of this stage but is not whole JSON" in said
+    assert "another shape" not in said
+    assert len(judged(tmp_path)) == N - 1
 
 
 def test_result_lines_only_python_reads_are_merged_as_python_reads_them(

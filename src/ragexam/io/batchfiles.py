@@ -311,6 +311,15 @@ def parse_answer(line: bytes) -> Answer | None:
     return Answer(data["custom_id"], status, body)
 
 
+def whole_json(line: bytes) -> bool:
+    """Whether a line is whole JSON: one cut short (a machine stopped while writing it) is not."""
+    try:
+        json.loads(line.decode("utf-8", errors="replace").removeprefix("\ufeff"))
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
 def failure_of(answer: Answer) -> str:
     """A failed result's reason, short: "HTTP 500: server exploded", or why it never ran."""
     if answer.status == UNRUN:

@@ -260,13 +260,19 @@ class BatchRoad:
                 f"{self.tag}: {path} holds no line naming a request (custom_id): it is no "
                 "batch result file, and is not read"
             )
-        for path, lines in passed.index.unread.items():  # results it was given, not merged
+        for (path, whole), lines in passed.index.unread.items():  # given, not merged
             one = lines == 1
-            logger.warning(
-                f"{self.tag}: {lines} line{'' if one else 's'} of {path} "
+            what = (
                 f"{'has' if one else 'have'} a custom_id of this stage but no `response` nor "
-                "`error` (a request file, or another shape than OpenAI's or vLLM's output): "
-                f"not merged, {'its row still waits' if one else 'their rows still wait'}"
+                "`error` (a request file, or another shape than OpenAI's or vLLM's output)"
+                if whole
+                else f"{'names' if one else 'name'} a request of this stage but "
+                f"{'is' if one else 'are'} not whole JSON (cut short: the engine stopped "
+                "while writing?)"
+            )
+            logger.warning(
+                f"{self.tag}: {lines} line{'' if one else 's'} of {path} {what}: not merged, "
+                f"{'its row still waits' if one else 'their rows still wait'}"
             )
         if passed.unused:  # asked again, rightly, but a user wonders why results went unused
             one = passed.unused == 1

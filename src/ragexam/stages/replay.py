@@ -36,6 +36,7 @@ from ragexam.io.batchfiles import (
     read_ids,
     request_line,
     scan_results,
+    whole_json,
 )
 from ragexam.io.ledger import Ledger, ShardState
 from ragexam.llm.client import LLM, Reply
@@ -78,7 +79,8 @@ class ResultIndex:
         self._where: dict[str, int | list[int]] = {}
         self._late: dict[str, int] = {}  # custom_id: location
         self._spans: list[Spans] = []
-        self.unread: Counter[Path] = Counter()  # lines of ours that are not results, by file
+        # lines of ours that are not results, by file, and whether they are whole JSON
+        self.unread: Counter[tuple[Path, bool]] = Counter()
         self.foreign: list[Path] = []  # files with no line naming a request: not results
         self.failures: Counter[str] = Counter()  # results that are failures, by their reason
         for number, (path, fresh) in enumerate(files):
@@ -167,9 +169,11 @@ class ResultIndex:
         answer = parse_answer(line)
         parsed = parse_custom_id(answer.custom_id) if answer else None
         if answer is None or parsed is None:
-            self.unread[self.files[number][0]] += 1
+            self.unread[self.files[number][0], whole_json(line)] += 1
             return None
-        if answer.status != 200:  # said after the pass: its rows ask again, or end in error
+        # said after the pass (its rows ask again, or end in error): once, as it comes in, and
+        # not again when a row that waits on its retry carries it to the next pass
+        if answer.status != 200 and self.files[number][1]:
             self.failures[failure_of(answer)] += 1
         return parsed[2], Known(answer, parsed[1], self.files[number][1], line)
 
