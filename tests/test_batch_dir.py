@@ -276,6 +276,30 @@ def test_requests_out_in_one_folder_are_not_waited_for_in_another(
     assert judge().exit_code == 0 and len(judged(tmp_path)) == 3
 
 
+def test_two_run_folders_cannot_share_one_batch_dir(env: FakeOpenAI, tmp_path: Path) -> None:
+    """B's judge-000001.jsonl replaced A's (its requests lost without a word), and A then
+    merged and billed B's results as results of requests its rows no longer made."""
+    exam(tmp_path / "run", 3)
+    exam(tmp_path / "other", 3)
+    assert judge().exit_code == WAITING
+    (sent,) = (tmp_path / "files" / "requests").glob("*.jsonl")
+    before = sent.read_bytes()
+    other = run_cli("judge", "--out", "other", "--controls", "0", "--batch-dir", "files")
+    assert other.exit_code == 2, other.output
+    said = " ".join(other.output.split())
+    assert "holds files/requests/judge-000001.jsonl, a request file of judge that this run " in said
+    assert "folder did not write" in said
+    assert sent.read_bytes() == before and len(list(sent.parent.glob("*.jsonl"))) == 1
+    env.responder = by_question
+    assert run_batch_files(env, tmp_path / "files") == 3
+    again = judge()
+    assert again.exit_code == 0 and "no longer make" not in again.output
+    assert len(judged(tmp_path)) == 3
+    # done, its files moved to requests/done/: still not the other run folder's to use
+    later = run_cli("judge", "--out", "other", "--controls", "0", "--batch-dir", "files")
+    assert later.exit_code == 2 and "did not write" in later.output
+
+
 @pytest.mark.parametrize("where", ["afile", "afile/sub"])
 def test_a_batch_dir_that_is_a_file_is_one_line(
     env: FakeOpenAI, tmp_path: Path, where: str

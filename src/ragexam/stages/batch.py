@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -374,6 +375,7 @@ class BatchRoad:
     async def files_round(self, folder: Path) -> None:
         """--batch-dir: merge DIR/results, write DIR/requests, and count what still waits."""
         self.plan_calls_nothing()
+        self._check_ours(folder)
         new = self._new_results(folder)
         # as they are before the pass reads them: lines the engine adds meanwhile are read next run
         seen = [[path, *file_identity(path)] for path in new]
@@ -382,6 +384,27 @@ class BatchRoad:
             (folder / "results").mkdir(parents=True, exist_ok=True)
         self.resolve(folder / "requests" / "done")
         self.waiting = len(self.out)
+
+    def _check_ours(self, folder: Path) -> None:
+        """Refuse a --batch-dir that holds request files of this stage's name which this run
+        folder never wrote: another run folder's. Two run folders sharing one DIR wrote over
+        each other's requests, and each merged (and billed) the other's results. A file a
+        crash left before it was recorded is ours: its ids are in our own folder."""
+        pattern = re.compile(rf"{re.escape(self.tag)}-\d{{6}}\.jsonl")
+        requests = folder / "requests"
+        for place in (requests, requests / "done"):
+            names = sorted(p.name for p in place.iterdir()) if place.is_dir() else []
+            for name in filter(pattern.fullmatch, names):
+                shard = name.removesuffix(".jsonl")
+                if (
+                    shard not in self.ledger.shards
+                    and not (self.files / "ids" / f"{shard}.ids").exists()
+                ):
+                    raise ConfigError(
+                        f"--batch-dir {folder} holds {place / name}, a request file of "
+                        f"{self.tag} that this run folder did not write (another run "
+                        "folder's?): give each run folder a --batch-dir of its own"
+                    )
 
     def _new_results(self, folder: Path) -> list[Path]:
         """The files of DIR/results not merged yet, as they are now."""
