@@ -475,3 +475,23 @@ def test_results_of_another_model_stay_its_own_after_a_run_of_the_new_one_record
     record = record_of(tmp_path)
     assert record["billed_elsewhere"]["gpt-4o-mini"]["calls"] == 6
     assert record["calls"] == N
+
+
+def test_batches_the_endpoint_does_not_know_say_so_and_the_way_on(
+    batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches recorded, then unknown to the endpoint (another key's project, a proxy that
+    purged them): every rerun said they 'go on at the endpoint' and that the same command
+    would collect them, which it never could."""
+    monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "0")
+    gone = HttpReply(404, {"error": {"message": "No batch found with id 'batch_x'."}})
+    batch_env.batch.alter = lambda method, path, reply: (
+        gone if method == "GET" and path.startswith("/v1/batches/") else reply
+    )
+    exam(tmp_path / "run", N)
+    result = run_cli(*JUDGE)
+    assert result.exit_code == 4, result.output
+    said = " ".join(result.output.split())
+    assert "HTTP 404" in said and "this endpoint knows no batch this folder recorded" in said
+    assert "or delete run/batches/judge.jsonl to forget them and send their rows again" in said
+    assert "go on at the endpoint" not in said

@@ -126,6 +126,15 @@ class Waiter:
                 if getattr(exc, "status", None) == 404:  # no such batch here: made elsewhere?
                     self._check_where(shards)
                 failures += 1
+                if failures >= POLL_FAILURES and getattr(exc, "status", None) == 404:
+                    ledger = self.road.ledger.path
+                    raise EndpointError(
+                        f"{exc} ({failures} looks in a row): this endpoint knows no batch "
+                        f"this folder recorded (made with another key or project, or deleted "
+                        f"there?): rerun with the key that made it to collect its results, "
+                        f"or delete {ledger} to forget them and send their rows again (paid "
+                        "again)"
+                    ) from None
                 if failures >= POLL_FAILURES:
                     raise EndpointError(
                         f"{exc} ({failures} looks in a row): the batches go on at the "
