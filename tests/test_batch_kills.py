@@ -255,10 +255,15 @@ def test_batch_dir_results_of_requests_no_longer_made_are_said_unused_and_billed
     assert "4 rows have results for requests they no longer make" in said
     assert len(rows(tmp_path)) == N - 4
     run_batch_files(env, tmp_path / "files")
-    assert run_cli(*DIR_JUDGE).exit_code == 0
+    last = run_cli(*DIR_JUDGE)
+    assert last.exit_code == 0, last.output
     found, record = rows(tmp_path), record_of(tmp_path)
     assert len(found) == N and all(row["status"] == "ok" for row in found)
     assert record["calls"] == record["batch"]["results_merged"] == N + 4
+    # the cost line says which tokens it priced: the rows' own count leaves the 4 unused out
+    billed = record["tokens_billed"]
+    said = " ".join(last.output.split())
+    assert f"for {billed['prompt']:,} in + {billed['completion']:,} out billed" in said
     assert record["tokens_billed"] == {
         "prompt": sum(int(row["prompt_tokens"]) for row in found)
         + sum(usage["prompt_tokens"] for usage in paid),

@@ -309,8 +309,8 @@ def _stage(
     """Price what the stage billed, record it, and tell the observer."""
     from ragexam.llm.prices import record_cost
 
-    cost, price = record_cost(result.path.parent, name, settings)
-    session.observer.stage_done(name, result, cost, price)
+    cost, price, billed = record_cost(result.path.parent, name, settings)
+    session.observer.stage_done(name, result, cost, price, billed)
     figures = {**result.outcome.record(), "skipped": result.skipped, "cost_usd": cost}
     return Result({key: result.path}, figures, result)
 

@@ -79,7 +79,12 @@ class Printer(Observer):
             say(self.notes.pop(0))
 
     def stage_done(
-        self, stage: str, result: StageResult, cost: float | None, price: Price | None
+        self,
+        stage: str,
+        result: StageResult,
+        cost: float | None,
+        price: Price | None,
+        billed: tuple[int, int] | None = None,
     ) -> None:
         """The stage's summary line and its cost."""
         self.say_notes()
@@ -99,7 +104,14 @@ class Printer(Observer):
         elif price is None:
             say("  cost: unknown: set RAGEXAM_PRICE_INPUT and RAGEXAM_PRICE_OUTPUT (USD/1M tokens)")
         else:
-            say(f"  cost: {cost_text(cost)} ({price.short()})")
+            rows = (outcome.prompt_tokens, outcome.completion_tokens)
+            # results no row uses now, a batch job's earlier runs: priced, and said so
+            of = (
+                f" for {billed[0]:,} in + {billed[1]:,} out billed"
+                if billed not in (None, rows)
+                else ""
+            )
+            say(f"  cost: {cost_text(cost)} ({price.short()}){of}", wrap=True)
 
     def estimates(self, estimates: list[Estimate]) -> None:
         """What a dry run would call and cost."""

@@ -145,8 +145,11 @@ def _priced(price: Price | None, tokens: tuple[int, int]) -> float | None:
     return price.cost(*tokens) if price else None
 
 
-def record_cost(out: Path, stage: str, settings: Settings) -> tuple[float | None, Price | None]:
-    """Price the tokens the stage's last run billed; write cost_usd to it and to the run."""
+def record_cost(
+    out: Path, stage: str, settings: Settings
+) -> tuple[float | None, Price | None, tuple[int, int]]:
+    """Price the tokens the stage's last run billed; write cost_usd to it and to the run.
+    Returns the cost, the price, and the tokens priced at it."""
     manifest = read_manifest(out)
     record: dict[str, Any] = manifest.get("stages", {}).get(stage, {})
     model = str(record.get("model", ""))
@@ -174,7 +177,7 @@ def record_cost(out: Path, stage: str, settings: Settings) -> tuple[float | None
     parent = RunFolder(out).parent_run()
     if parent is not None:
         record_total(parent.path)  # a control run's cost is part of its run's
-    return cost, price
+    return cost, price, tokens
 
 
 @dataclass(frozen=True)

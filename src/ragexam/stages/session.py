@@ -45,9 +45,15 @@ class Observer:
         same line noted again (by a stage run twice, or each run of `run`) is said once."""
 
     def stage_done(
-        self, stage: str, result: StageResult, cost: float | None, price: Price | None
+        self,
+        stage: str,
+        result: StageResult,
+        cost: float | None,
+        price: Price | None,
+        billed: tuple[int, int] | None = None,
     ) -> None:
-        """A stage finished its rows: what it did and what it cost."""
+        """A stage finished its rows: what it did and what it cost (the tokens it priced:
+        `billed`, when not those of its rows)."""
 
     def estimates(self, estimates: list[Estimate]) -> None:
         """What a dry run would call and cost."""
