@@ -112,3 +112,43 @@ def test_a_session_shared_by_calls_reads_one_copy_of_the_store(
         copies = list(session.snapshots._made.values())
     assert len(copies) == 1 and sum("reading a snapshot" in note for note in notes) == 1
     assert not copies[0].path.exists()  # removed when the session closed
+
+
+def test_ctrl_c_in_a_notebook_stops_the_run_and_the_next_call_goes_on(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    """A kernel's interrupt reaches the cell's thread, not the worker that runs the stages:
+    it used to surface only once answer, judge and stats had run to their end, every call
+    paid for (38 calls where 9 were made when it came)."""
+    import signal
+    import threading
+    import time
+
+    store = build_store(tmp_path / "store", docs(10))
+    env.latency = 0.2
+    main = threading.main_thread().ident
+    assert main is not None and threading.get_ident() == main  # the signal is this thread's
+
+    def interrupt_once_generating() -> None:
+        while env.count() < 3:
+            time.sleep(0.01)
+        sent.append(env.count())
+        signal.pthread_kill(main, signal.SIGINT)
+
+    async def notebook_cell() -> ragexam.Result:
+        return ragexam.run(store, out="nb", rag=my_rag, controls=0, concurrency=2)
+
+    sent: list[int] = []
+    threading.Thread(target=interrupt_once_generating, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(notebook_cell())
+    calls = env.count()
+    assert calls <= sent[0] + 2  # the calls in flight, and none begun after
+    assert not (tmp_path / "nb" / "answers.csv").exists()  # no later stage began
+    manifest = json.loads((tmp_path / "nb" / "manifest.json").read_text())
+    assert manifest["stages"]["generate"]["status"] == "interrupted"
+    env.latency = 0.0
+    result = ragexam.run(store, out="nb", rag=my_rag, controls=0)  # the next call goes on
+    generated = result.figures["generate"]
+    assert generated["rows_done_before"] >= 1 and generated["rows_ok"] >= 1
+    assert generated["rows_ok"] + generated["rows_done_before"] == 10

@@ -141,8 +141,22 @@ def _in_own_loop(call: Callable[[], T]) -> T:
         running = True
     if not running:
         return call()
+    from ragexam.stages.stopping import Stop, in_worker
+
+    stop, cell = Stop(), asyncio.current_task()  # the cell's task, when a coroutine calls
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ragexam") as pool:
-        return pool.submit(call).result()
+        future = pool.submit(in_worker, stop, call)
+        try:
+            while True:
+                try:
+                    return future.result(timeout=0.1)
+                except concurrent.futures.TimeoutError:
+                    # asyncio.run's Ctrl-C cancels the task, which waits here: stop too
+                    if cell is not None and cell.cancelling():
+                        raise asyncio.CancelledError from None
+        except BaseException:  # Ctrl-C here (a kernel's interrupt): the worker stops too,
+            stop.ask()  # keeping what it wrote, before the pool waits for it
+            raise
 
 
 # -- the stages ----------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from ragexam.rag.custom import CustomRag, rag_name, rag_object
 from ragexam.rag.embedders import make_embedder
 from ragexam.rag.given import GivenContext
 from ragexam.rag.retrieval import Retriever
+from ragexam.stages import stopping
 from ragexam.stages.batch import run_settings
 from ragexam.stages.runner import Stage, StageResult, Task, execute
 from ragexam.stages.session import Session
@@ -132,7 +133,7 @@ def check_inputs(settings: Settings, given: Given, session: Session) -> None:
     store = store_ref(given, settings, session)
     collection = open_collection(store)
     try:
-        asyncio.run(_check_embedding(settings, given, collection))
+        stopping.run(_check_embedding(settings, given, collection))
     finally:
         release(store)
 

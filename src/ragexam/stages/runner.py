@@ -40,6 +40,7 @@ from ragexam.io.rowlog import RowLog
 from ragexam.io.runfolder import RunFolder
 from ragexam.llm.pacing import Traffic
 from ragexam.llm.prices import carried_spend, record_cost
+from ragexam.stages import stopping
 
 if TYPE_CHECKING:
     from ragexam.config import Settings
@@ -521,7 +522,7 @@ def _execute(
 
     status = "failed"
     try:
-        asyncio.run(main())
+        stopping.run(main())  # asyncio.run, stoppable in a worker thread (Jupyter's Ctrl-C)
         status = "waiting for batch results" if runner.outcome.waiting else "finished"
     except KeyboardInterrupt:
         status = "interrupted"
