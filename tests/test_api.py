@@ -152,3 +152,33 @@ def test_ctrl_c_in_a_notebook_stops_the_run_and_the_next_call_goes_on(
     generated = result.figures["generate"]
     assert generated["rows_done_before"] >= 1 and generated["rows_ok"] >= 1
     assert generated["rows_ok"] + generated["rows_done_before"] == 10
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("limit", "3", "limit='3' is not a whole number"),  # was '<' not supported
+        ("force", "false", "force='false' is not True or False"),  # was True: rows redone
+        ("dry_run", "no", "dry_run='no' is not True or False"),  # was a dry run
+        ("k", 2.5, "k=2.5 is not a whole number"),
+        ("limit", True, "limit=True is not a whole number"),
+        ("fail_under", 0.7, "fail_under=0.7 is not a text"),  # was AttributeError
+        ("out", 123, "out=123 is not a path"),
+        ("max_error_rate", "0.5", "max_error_rate='0.5' is not a number"),  # went through
+        ("concurrency", 1.5, "concurrency=1.5 is not a whole number"),  # blamed the .env
+    ],
+)
+def test_an_option_of_the_wrong_type_is_refused_naming_it_before_anything_runs(
+    env: FakeOpenAI, tmp_path: Path, option: str, value: object, said: str
+) -> None:
+    store = build_store(tmp_path / "store", docs(3))
+    with pytest.raises(TypeError) as refused:
+        ragexam.run(store, rag=my_rag, **{option: value})
+    assert str(refused.value) == said
+    assert env.count() == 0 and not (tmp_path / "outputs").exists()
+
+
+def test_numbers_where_numbers_go_are_taken_as_they_are(env: FakeOpenAI, tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", docs(3))
+    result = ragexam.run(store, rag=my_rag, controls=0, max_error_rate=1, rag_timeout=30)
+    assert result.figures["judge"]["rows_ok"] == 3

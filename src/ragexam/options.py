@@ -410,20 +410,49 @@ def hints(group: type) -> dict[str, Any]:
 
 
 def _typed(group: type, name: str, value: Any) -> Any:
-    """A value as its option's type holds it: a path for a str, an enum for its value."""
-    if value is None or isinstance(value, bool):
+    """A value as its option's type holds it: a path for a str, an enum for its value; a
+    value of another type is refused (TypeError naming the option), as the command line
+    refuses `--limit three`: a "false" taken for True, a "3" compared with numbers deep
+    inside, were a silent redo or a library's traceback."""
+    if value is None:
         return value
     kind = hints(group)[name]
-    for option in typing.get_args(kind) or (kind,):
+    options = typing.get_args(kind) or (kind,)
+    for option in options:
         if option is Path and isinstance(value, str | os.PathLike):
             return Path(value)
         if isinstance(option, type) and issubclass(option, Enum) and not isinstance(value, option):
+            if isinstance(value, bool):
+                continue
             try:
                 return option(value)
             except ValueError:
                 choices = ", ".join(str(member.value) for member in option)
                 raise ConfigError(f"{name}={value!r} is not one of {choices}") from None
+    if not any(_holds(option, value) for option in options):
+        wanted = " or ".join(_KINDS[option] for option in options if option in _KINDS)
+        raise TypeError(f"{name}={value!r} is not {wanted or 'of the type it takes'}")
     return value
+
+
+_KINDS = {bool: "True or False", int: "a whole number", float: "a number", str: "a text"}
+_KINDS |= {Path: "a path"}
+
+
+def _holds(option: Any, value: Any) -> bool:
+    """Whether an option of this type takes the value as it is (a path or an enum: once
+    made from its text, above)."""
+    if option is Any:
+        return True
+    if option is type(None):
+        return False
+    if isinstance(option, type) and issubclass(option, Enum | Path):
+        return isinstance(value, option)
+    if option not in _KINDS:  # a type not checked here
+        return True
+    if isinstance(value, bool):
+        return option is bool
+    return isinstance(value, float | int if option is float else option)
 
 
 def _bounded(shown: Meta, name: str, value: Any) -> Any:
