@@ -182,3 +182,43 @@ def test_numbers_where_numbers_go_are_taken_as_they_are(env: FakeOpenAI, tmp_pat
     store = build_store(tmp_path / "store", docs(3))
     result = ragexam.run(store, rag=my_rag, controls=0, max_error_rate=1, rag_timeout=30)
     assert result.figures["judge"]["rows_ok"] == 3
+
+
+def test_the_api_leaves_the_environment_as_it_was(tmp_path: Path) -> None:
+    """threadpoolctl's import, on the first stats, set KMP_DUPLICATE_LIB_OK=True in the
+    caller's process (OpenMP's check against two runtimes, off for the notebook's torch)."""
+    import subprocess
+    import sys
+
+    from support import ANSWER_HEADER, JUDGE_HEADER, QA_HEADER, write_csv
+
+    run = tmp_path / "run"
+    run.mkdir()
+    write_csv(run / "qa_dataset.csv", QA_HEADER, [["q", "c", "D", "Q?", "T", "ok", ""]])
+    write_csv(run / "answers.csv", ANSWER_HEADER, [["q", "A", '["c"]', 1, "ok", ""]])
+    write_csv(run / "judgments.csv", JUDGE_HEADER, [["q", 1.0, 1.0, "ok", ""]])
+    script = (
+        "import os, sys, ragexam; before = dict(os.environ); ragexam.stats(out=sys.argv[1]); "
+        "print(sorted(set(os.environ.items()) ^ set(before.items())))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(run)], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_a_dry_runs_result_says_it_wrote_nothing(env: FakeOpenAI, tmp_path: Path) -> None:
+    store = build_store(tmp_path / "store", docs(3))
+    dry = ragexam.run(store, rag=my_rag, dry_run=True)
+    assert dry.paths == {} and dry.figures["calls"] > 0
+    with pytest.raises(ValueError, match="wrote no file"):  # was a bare StopIteration
+        _ = dry.path
+    report = ragexam.run(store, rag=my_rag, controls=0)
+    with pytest.raises(ValueError, match=r"report\.html is no CSV file"):  # was a ParserError
+        report.frame("report")
+
+
+def test_the_package_says_it_is_typed() -> None:
+    import importlib.resources
+
+    assert importlib.resources.files("ragexam").joinpath("py.typed").is_file()

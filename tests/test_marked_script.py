@@ -148,6 +148,15 @@ def test_compare_pairs_two_runs_on_one_exam_key_point_by_key_point(
     assert "key points: 0 gained, 6 lost in run B" in " ".join(result.output.split())
     assert {r["kind"] for r in table.values() if r["metric"] == "key_points"} == {"all"}
     assert "nan" not in result.output  # the table's kind column, as for every other metric
+    # through the API, the Result names both files compare wrote (it named comparison.csv)
+    import ragexam
+
+    api = ragexam.compare("a", "b", out="api")
+    assert api.paths == {
+        "comparison": Path("api/comparison.csv"),
+        "key_point_changes": Path("api/key_point_changes.csv"),
+    }
+    assert len(api.frame("key_point_changes")) == 6
 
 
 def test_compare_leaves_out_a_key_point_whose_text_differs(env: FakeOpenAI, tmp_path: Path) -> None:

@@ -70,7 +70,10 @@ class Result:
 
     @property
     def path(self) -> Path:
-        """The main file written (the first of `paths`)."""
+        """The main file written (the first of `paths`); ValueError when none was (a dry
+        run's)."""
+        if not self.paths:
+            raise ValueError("this command wrote no file (a dry run writes none): see .figures")
         return next(iter(self.paths.values()))
 
     def frame(self, name: str | None = None) -> pd.DataFrame:
@@ -80,6 +83,8 @@ class Result:
         from ragexam.io.csvfile import unescape_cell
 
         path = self.paths[name] if name else self.path
+        if path.suffix != ".csv":
+            raise ValueError(f"{path} is no CSV file: open it as it is")
         frame = pd.read_csv(path, encoding="utf-8-sig")
         for column in frame.columns:
             if not pd.api.types.is_numeric_dtype(frame[column]):
@@ -458,7 +463,10 @@ def _compare(given: Given, session: Session) -> Result:
         )
     if runs.fail_on_regression:
         check_regressions(result.table)
-    return Result({"comparison": result.path}, {"warnings": list(result.warnings)}, result)
+    paths = {"comparison": result.path}
+    if result.changes_path is not None:
+        paths["key_point_changes"] = result.changes_path
+    return Result(paths, {"warnings": list(result.warnings)}, result)
 
 
 def _calibrate(given: Given, session: Session) -> Result:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ParamSpec, TypeVar
+from types import ModuleType
+from typing import ParamSpec, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
-from threadpoolctl import threadpool_limits
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -20,6 +21,24 @@ RESAMPLES = 2000
 
 Params = ParamSpec("Params")
 Result = TypeVar("Result")
+
+
+@functools.cache
+def _threadpoolctl() -> ModuleType:
+    """threadpoolctl, imported leaving the environment as it was: its import sets
+    KMP_DUPLICATE_LIB_OK=True (OpenMP's check against two runtimes), and the process is the
+    API's caller's."""
+    before = os.environ.get(KMP)
+    import threadpoolctl
+
+    if before is None:
+        os.environ.pop(KMP, None)
+    else:
+        os.environ[KMP] = before
+    return cast(ModuleType, threadpoolctl)
+
+
+KMP = "KMP_DUPLICATE_LIB_OK"
 
 
 def one_blas_thread(function: Callable[Params, Result]) -> Callable[Params, Result]:
@@ -32,7 +51,7 @@ def one_blas_thread(function: Callable[Params, Result]) -> Callable[Params, Resu
     @functools.wraps(function)
     def pinned(*args: Params.args, **kwargs: Params.kwargs) -> Result:
         # Found anew each time (about a millisecond): scipy may have loaded a BLAS of its own since.
-        with threadpool_limits(limits=1, user_api="blas"):
+        with _threadpoolctl().threadpool_limits(limits=1, user_api="blas"):
             return function(*args, **kwargs)
 
     return pinned
