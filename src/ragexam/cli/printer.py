@@ -137,7 +137,8 @@ class Printer(Observer):
 
         self.say_notes()
         Starting.clear()  # the table goes to stdout: no transient line may be drawn over it
-        Console().print(terminal_table(result))
+        console = Console()
+        console.print(terminal_table(result, console.width))
         if not result.by_kind.empty:
             Console().print(kind_table(result.by_kind))
         if line := control_line(result.overall):

@@ -27,9 +27,10 @@ SHORT = {
 }
 
 
-def terminal_table(result: StatsResult) -> Table:
-    """The per-document summary as a compact rich table that fits 80 columns: the documents'
-    common folder said once, and the figures never cut (the names give way first)."""
+def terminal_table(result: StatsResult, width: int | None = None) -> Table:
+    """The per-document summary as a compact rich table that fits `width` columns (80 if
+    unsaid): the documents' common folder said once, and the figures never cut (the names
+    give way first: a figure cut at the edge, 0.78 shown as 0.7, read as another)."""
     shown = result.by_document.head(TERMINAL_ROWS)
     counts = ["questions", "errors"] + (["pending"] * bool(result.overall["pending"].iloc[0]))
     names = [printable(str(name)) for name in shown["document"]]
@@ -48,12 +49,25 @@ def terminal_table(result: StatsResult) -> Table:
     ]
     whole = result.overall.iloc[0]
     overall = _terminal_cells(whole, counts, printable(str(whole["document"])))
-    table.add_column("document", no_wrap=True, min_width=12, max_width=TERMINAL_NAME)
     headers = ["diagnosis"] + [SHORT.get(name, name) for name in counts]
     headers += [SHORT[m] for _, m, _ in MEANS]
+    widths = []
     for column, header in enumerate(headers, start=1):  # never narrower than its cells
         lines = [line for row in [*rows, overall] for line in row[column].plain.split("\n")]
-        widest = max(len(text) for text in [header, *lines])
+        widths.append(max(len(text) for text in [header, *lines]))
+    # the name takes what the figures leave: each column has a space each side but at the
+    # table's edges, a separator between it and the next, and the box two edges
+    columns = len(widths) + 1
+    room = (width or 80) - sum(widths) - (2 * columns - 2) - (columns - 1) - 2
+    longest = max(len(row[0].plain) for row in [*rows, overall])
+    name_width = max(12, min(longest, room))  # a wide terminal shows whole names
+    cut = [short_name(row[0].plain, name_width) for row in rows]
+    if len(set(cut)) < len(cut):  # names alike at their end: their middles tell them apart
+        cut = [middle_cut(row[0].plain, name_width) for row in rows]
+    for row, name in zip([*rows, overall], [*cut, overall[0].plain], strict=True):
+        row[0] = Text(name)
+    table.add_column("document", no_wrap=True, min_width=min(12, name_width), max_width=name_width)
+    for column, (header, widest) in enumerate(zip(headers, widths, strict=True), start=1):
         table.add_column(header, justify="left" if column == 1 else "right", min_width=widest)
     for row in rows:
         table.add_row(*row)
@@ -105,6 +119,14 @@ def kind_table(by_kind: pd.DataFrame) -> Table:
     return table
 
 
+def middle_cut(name: str, width: int) -> str:
+    """A name cut to `width` in its middle: its start and its end kept."""
+    if len(name) <= width:
+        return name
+    head = (width - 1) // 2
+    return name[:head] + "…" + name[-(width - 1 - head) :]
+
+
 def short_name(name: str, width: int = TERMINAL_NAME) -> str:
     """A document name cut to one line from the left: a path's end says most about it."""
     return name if len(name) <= width else "…" + name[-(width - 1) :]
@@ -114,7 +136,7 @@ def _terminal_cells(row: pd.Series, counts: list[str], name: str) -> list[Text]:
     """One row's cells; Text keeps a document name like "[red]" from being read as markup."""
     diagnosis = str(row["diagnosis"])
     cells = [
-        Text(short_name(name)),
+        Text(name),  # cut by the table, to the room the figures leave
         Text(diagnosis, style=diagnosis_colour(diagnosis, True)),
     ]
     cells += [Text(str(row[name])) for name in counts]
