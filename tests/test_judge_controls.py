@@ -251,6 +251,13 @@ def test_a_judge_whose_full_credit_grades_end_in_error_is_not_trusted(
     assert "Warning: 30/30 known-answer controls passed" in warning  # not "only 30/30"
     assert "10 ended in error" in warning
     assert "verbatim not checked: 10/10 verbatim controls ended in error" in warning
+    assert warning.count("judge_controls.csv") == 1  # the way on said once, not per kind
+    said = " ".join(stats.output.split())  # the headline says why, not "passed only 70/70"
+    assert (
+        "Read these grades with care: 10 of the judge's controls ended in error, so it is "
+        "not checked (it passed the 70 graded)." in said
+    )
+    assert "passed only" not in said
     page = (tmp_path / "run" / "report.html").read_text()
     assert 'class="warning"' in page and "0/0, 10 errors" in page
     assert overall(tmp_path / "run")["judge_controls_errors"] == "10"

@@ -456,3 +456,35 @@ def test_the_terminal_table_fits_and_never_cuts_a_figure(
     diagnoses = {"retrieval", "generation", "too", "ok", "not"}
     shown = [words[0] for words in map(str.split, lines) if words[1:2] and words[1] in diagnoses]
     assert len(shown) == 21 and len(set(shown)) == 21  # the 20 worst told apart, and ALL
+
+
+def test_documents_that_need_work_say_what_to_try_when_the_whole_is_fine(
+    tmp_path: Path,
+) -> None:
+    """Eight documents fine, two that never retrieve their chunk: the whole is ok (0.80), and
+    the headline said "2 of 10 documents need work; nothing urgent"."""
+    run = tmp_path / "run"
+    run.mkdir()
+    names = {f"q{d}{i}": f"doc{d}.md" for d in range(10) for i in range(10)}
+    write_csv(
+        run / "qa_dataset.csv",
+        QA_HEADER,
+        [[q, f"c{q}", n, "Q?", "T", "ok", ""] for q, n in names.items()],
+    )
+    bad = {"doc0.md", "doc1.md"}
+    answers = [
+        [q, "A", json.dumps([f"c{q}"]), "" if n in bad else 1, "ok", ""] for q, n in names.items()
+    ]
+    write_csv(run / "answers.csv", ANSWER_HEADER, answers)
+    grades = [[q, 0.0 if n in bad else 1.0, 1.0, "ok", ""] for q, n in names.items()]
+    write_csv(run / "judgments.csv", JUDGE_HEADER, grades)
+    result = run_cli("stats", "--out", str(run))
+    assert result.exit_code == 0, result.output
+    _, overall, _ = summaries(run)
+    assert overall["diagnosis"] == "ok"
+    said = " ".join(result.output.split())
+    assert (
+        "2 of 10 documents need work, worst doc0.md (retrieval, 0% complete); retrieve "
+        "better first" in said
+    )
+    assert "nothing urgent" not in said

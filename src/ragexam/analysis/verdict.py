@@ -167,16 +167,19 @@ class Verdict:
             return f"{self.figures()}: the judge grades known answers as expected"
         kinds = "; ".join(self._named(kind) for kind in self.failing_kinds())
         failed = any(not self._unchecked(kind) for kind in self.failing_kinds())
-        return f"{'only ' if failed else ''}{self.figures()}: {kinds}"  # not "only 30/30"
+        retry = (  # said once, not after each kind
+            " (the errors' reasons are in judge_controls.csv; rerun `ragexam judge` to retry)"
+            if self.unchecked_kinds()
+            else ""
+        )
+        return f"{'only ' if failed else ''}{self.figures()}: {kinds}{retry}"  # not "only 30/30"
 
     def _named(self, kind: str) -> str:
         passed, graded = self.passed[kind], self.graded[kind]
         if self._unchecked(kind):
             errored = self.errored.get(kind, 0)
-            return (
-                f"{kind} not checked: {errored}/{errored + graded} {kind} controls ended in "
-                "error (their reasons in judge_controls.csv; rerun `ragexam judge` to retry)"
-            )
+            ended = f"{errored}/{errored + graded} {kind} controls ended in error"
+            return f"{kind} not checked: {ended}"
         if kind in KNOWN:
             return f"{KINDS[kind].failing}: {passed}/{graded} {kind} controls passed"
         return f"{KINDS[kind].failing}: {graded - passed}/{graded} {kind} controls fooled it"

@@ -122,7 +122,7 @@ class Printer(Observer):
 
     def verdict(self, verdict: Verdict) -> None:
         """The judge's known-answer controls, in one line."""
-        say(verdict.message())
+        say(verdict.message(), wrap=True)
 
     def run_cost(self, cost: RunCost) -> None:
         """What every stage of the run cost in all."""

@@ -19,7 +19,7 @@ TRY = {
     "to the context",
     "too much context": "trim the context first: fewer chunks (--k), or reranking",
     "prior_knowledge": "write harder questions first: these are answered without retrieval",
-    "ok": "nothing urgent: look at the worst questions below",
+    "ok": "nothing urgent: read the worst questions next",
     "made up": "stop the made-up answers first: a prompt that says so when the chunks do not "
     "hold the answer, or a stronger answer model",
     "not judged": "run judge: no answer is graded yet",
@@ -34,6 +34,8 @@ def headline(result: StatsResult) -> str:
         return _ungraded(row)
     pending = int(row.get("pending", 0) or 0)
     advice = TRY.get(str(row["diagnosis"]), TRY["ok"])
+    if advice == TRY["ok"]:  # fine as a whole, but the documents that need work say what to try
+        advice = TRY.get(_commonest(result.by_document), advice)
     made_up = row.get("made_up_unanswerable")
     if advice == TRY["ok"] and made_up is not None and made_up >= MADE_UP:  # NaN: not
         advice = TRY["made up"]
@@ -54,10 +56,22 @@ def headline(result: StatsResult) -> str:
     controls = result.controls
     if controls is not None and not controls.trusted:
         failed = f"{controls.passed_total}/{controls.total}"
-        return f"Read these grades with care: the judge passed only {failed} of its controls. " + (
-            sentence
-        )
+        why = f"the judge passed only {failed} of its controls"
+        if controls.unchecked_kinds() and controls.passed_total == controls.total:
+            why = (  # it passed every control graded: "only 48/48" said nothing of why
+                f"{controls.errors} of the judge's controls ended in error, so it is not "
+                f"checked (it passed the {controls.total} graded)"
+            )
+        return f"Read these grades with care: {why}. {sentence}"
     return sentence
+
+
+def _commonest(documents: pd.DataFrame) -> str:
+    """The diagnosis of most questions among the documents that need work ("ok" if none)."""
+    broken = documents[~documents["diagnosis"].isin(("ok", "not judged"))]
+    if broken.empty:
+        return "ok"
+    return str(broken.groupby("diagnosis")["questions"].sum().idxmax())
 
 
 def as_shown(value: float) -> float:
