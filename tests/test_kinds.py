@@ -217,7 +217,7 @@ def test_right_declines_do_not_make_a_document_look_wordy(tmp_path: Path) -> Non
     result = run_cli("stats", "--out", str(run))
     assert result.exit_code == 0, result.output
     documents = {row["document"]: row for row in read_rows(run / "summary_by_document.csv", [])}
-    assert float(documents["d1"]["conciseness_mean"]) == 0.5  # the figure covers every question
+    assert float(documents["d1"]["conciseness_mean"]) == 1.0  # of its answerable questions
     assert documents["d1"]["diagnosis"] == "ok"
     assert documents["d2"]["diagnosis"] == "ok"
     assert documents["d3"]["diagnosis"] == "generation"  # it makes answers up
@@ -289,7 +289,7 @@ def test_the_scatter_places_a_document_by_the_grades_its_diagnosis_reads(
     documents = {row["document"]: row for row in read_rows(run / "summary_by_document.csv", [])}
     d1 = documents["d1"]
     assert d1["diagnosis"] == "ok"
-    assert float(d1["completeness_answerable"]) == float(d1["conciseness_answerable"]) == 0.625
+    assert float(d1["completeness_answerable"]) == float(d1["conciseness_mean"]) == 0.625
     assert float(d1["completeness_mean"]) == pytest.approx(3.5 / 6)
     assert documents["d2"]["completeness_answerable"] == ""  # no answerable question
     report = (run / "report.html").read_text(encoding="utf-8")

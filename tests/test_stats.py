@@ -488,3 +488,28 @@ def test_documents_that_need_work_say_what_to_try_when_the_whole_is_fine(
         "better first" in said
     )
     assert "nothing urgent" not in said
+
+
+def test_perfect_answers_are_not_listed_among_the_worst(tmp_path: Path) -> None:
+    """Two perfect answers made 'The 2 worst questions'; with one flawed, it alone is listed."""
+    run = tmp_path / "run"
+    run.mkdir()
+    qa = [[q, f"c{q}", "D", f"Q {q}?", "T", "ok", ""] for q in ("p1", "p2", "w")]
+    write_csv(run / "qa_dataset.csv", QA_HEADER, qa)
+    answers = [[q, f"A {q}", json.dumps([f"c{q}"]), 1, "ok", ""] for q in ("p1", "p2", "w")]
+    write_csv(run / "answers.csv", ANSWER_HEADER, answers)
+    grades = [["p1", 1.0, 1.0, "ok", ""], ["p2", 1.0, 1.0, "ok", ""], ["w", 1.0, 0.5, "ok", ""]]
+    write_csv(run / "judgments.csv", JUDGE_HEADER, grades)
+    assert run_cli("stats", "--out", str(run)).exit_code == 0
+    page = (run / "report.html").read_text(encoding="utf-8")
+    worst = page.split('id="worst"', 1)[1].split("</section>", 1)[0]
+    assert "The 1 worst questions" in worst and "Q w?" in worst
+    assert "Q p1?" not in worst and "Q p2?" not in worst
+    write_csv(
+        run / "judgments.csv", JUDGE_HEADER, [[q, 1.0, 1.0, "ok", ""] for q in ("p1", "p2", "w")]
+    )
+    assert run_cli("stats", "--out", str(run)).exit_code == 0
+    page = (run / "report.html").read_text(encoding="utf-8")
+    worst = page.split('id="worst"', 1)[1].split("</section>", 1)[0]
+    assert "Every answered question is graded complete and concise" in worst
+    assert "Q p1?" not in worst

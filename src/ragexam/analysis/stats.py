@@ -161,36 +161,46 @@ def summarise_kinds(
     if not codes.any():
         return pd.DataFrame()
     ci = partial(grouped_bootstrap_ci, seed=seed)
-    return by_kind(_columns(questions, codes, len(KINDS), states, ci), questions, overall)
+    rows = _columns(questions, codes, len(KINDS), states, ci, every_kind=True)
+    return by_kind(rows, questions, overall)
 
 
 def _columns(
-    questions: pd.DataFrame, groups: IntArray, n: int, states: RankStates, ci: CI
+    questions: pd.DataFrame,
+    groups: IntArray,
+    n: int,
+    states: RankStates,
+    ci: CI,
+    every_kind: bool = False,
 ) -> pd.DataFrame:
-    """Every summary column but `document`, one row per group."""
+    """Every summary column but `document`, one row per group. Conciseness is read over the
+    answerable questions (unless `every_kind`: a row per kind, each its own): a right
+    answer to an unanswerable question declines, and a decline states nothing, so its
+    conciseness is 0 and would call a document of right declines wordy."""
     columns: dict[str, Any] = {"questions": np.bincount(groups, minlength=n)}
     for name, flag in COUNTS.items():
         columns[name] = np.bincount(groups[questions[flag].to_numpy()], minlength=n)
     if "flagged" in questions:
         columns["flagged"] = np.bincount(groups[questions["flagged"].to_numpy()], minlength=n)
     judged = questions["judged"].to_numpy()
+    answerable = kind_codes(questions) != KINDS.index(UNANSWERABLE)
     for name in ("completeness", "conciseness"):
-        values = questions[name].to_numpy()[judged]
+        over = judged if name == "completeness" or every_kind else judged & answerable
+        values = questions[name].to_numpy()[over]
         with np.errstate(invalid="ignore", divide="ignore"):
-            columns[f"{name}_mean"] = np.bincount(groups[judged], values, n) / columns["n_judged"]
-        columns[f"{name}_ci_low"], columns[f"{name}_ci_high"] = ci(groups[judged], values, n)
+            means = np.bincount(groups[over], values, n) / np.bincount(groups[over], minlength=n)
+        columns[f"{name}_mean"] = means
+        columns[f"{name}_ci_low"], columns[f"{name}_ci_high"] = ci(groups[over], values, n)
     columns.update(key_point_columns(questions, groups, n, judged))
     scored = retrieved(questions)
     columns["n_ranked"] = np.bincount(groups[scored], minlength=n)  # the retrieval means' n
     columns.update(_retrieval(groups[scored], states.index[scored], states, n, ci))
     columns.update(cutoff_columns(groups[scored], states.index[scored], states, n))
-    answerable = kind_codes(questions) != KINDS.index(UNANSWERABLE)
     alone = np.bincount(groups[answerable], minlength=n) == 0  # unanswerable questions alone
     read = judged & answerable
     completeness, conciseness, counted = _read_from(questions, groups, n, read, alone, columns)
-    if not answerable.all():  # what the diagnosis reads, beside the means of every question
+    if not answerable.all():  # what the diagnosis reads, beside the mean of every question
         columns["completeness_answerable"] = np.where(alone, np.nan, completeness)
-        columns["conciseness_answerable"] = conciseness
     graded = np.where(alone, columns["n_judged"], counted)  # what the diagnosis is read from
     columns.update(control_means(questions, groups[answerable], answerable, n))
     # the hit rate of the questions the grades are read from: with judge errors among them,
@@ -270,10 +280,11 @@ def _overall_ci(
 
 
 def worst_questions(questions: pd.DataFrame, k: int, limit: int = WORST_QUESTIONS) -> pd.DataFrame:
-    """The questions with the lowest completeness, then conciseness, then the worst rank."""
+    """The questions with the lowest completeness, then conciseness, then the worst rank;
+    none that is perfect (a small run's 20 worst were filled with perfect answers)."""
     judged, answered = questions["judged"].to_numpy(), questions["answered"].to_numpy()
     completeness = np.where(judged, questions["completeness"].to_numpy(), np.inf)
-    candidates = np.flatnonzero(judged | answered)
+    candidates = np.flatnonzero((judged | answered) & ~_perfect(questions))
     if candidates.size > limit:  # only the rows that can make the cut are sorted
         cut = np.partition(completeness[candidates], limit - 1)[limit - 1]
         candidates = candidates[completeness[candidates] <= cut]
@@ -289,6 +300,18 @@ def worst_questions(questions: pd.DataFrame, k: int, limit: int = WORST_QUESTION
         worst[name] = worst[name].map(unescape_cell).astype(object)
     worst["document"] = worst["document"].astype(str)
     return worst
+
+
+def _perfect(questions: pd.DataFrame) -> BoolArray:
+    """Graded in full, concise, its chunk first; for an unanswerable question, declined and
+    nothing made up."""
+    judged = questions["judged"].to_numpy()
+    complete = judged & (questions["completeness"].to_numpy() >= 1)
+    answerable = kind_codes(questions) != KINDS.index(UNANSWERABLE)
+    first = questions["rank"].to_numpy() == 1
+    concise = questions["conciseness"].to_numpy() >= 1
+    honest = questions["made_up"].to_numpy() == 0 if "made_up" in questions else ~answerable
+    return np.asarray(complete & np.where(answerable, concise & first, honest), bool)
 
 
 # -- writing -------------------------------------------------------------------------------------

@@ -148,7 +148,7 @@ def scatter(documents: pd.DataFrame, size: int = 400) -> str:
     a region its diagnosis is not)."""
     pad = 40
     parts = [_regions(size, pad)]
-    read = ("completeness_answerable", "conciseness_answerable")
+    read = ("completeness_answerable", "conciseness_mean")  # conciseness: answerable ones'
     axes = read if read[0] in documents else ("completeness_mean", "conciseness_mean")
     of = " of the answerable questions" if axes == read else ""
     judged = documents.dropna(subset=list(axes))

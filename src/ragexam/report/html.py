@@ -216,7 +216,16 @@ def _worst_section(result: StatsResult) -> str:
             "statements the ground truth does not support."
         )
     title = f"The {len(result.worst)} worst questions"
-    return page.section(title, note, _worst(worst, result.k), anchor="worst")
+    if worst.empty:  # perfect answers are not shown as the worst
+        return page.section(
+            "The worst questions",
+            "Every answered question is graded complete and concise, its source chunk first.",
+            "",
+            anchor="worst",
+        )
+    return page.section(
+        title, note + " Perfect answers are left out.", _worst(worst, result.k), anchor="worst"
+    )
 
 
 def _marked(result: StatsResult, worst: pd.DataFrame) -> pd.DataFrame:
