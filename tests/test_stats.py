@@ -349,8 +349,27 @@ def test_the_headline_of_a_run_whose_every_question_failed_says_so(tmp_path: Pat
     result = run_cli("stats", "--out", str(run))
     assert result.exit_code == 0, result.output
     said = " ".join(result.output.split())
-    assert "Every one of the 3 questions ended in error" in said
+    assert (
+        "Every one of the 3 questions ended in error, in answer 3 (most often: connection "
+        "refused)" in said
+    )  # which stage, and why: it said only "the stage that failed"
     assert "run answer and judge" not in said and "nan" not in said
+
+
+def test_the_report_says_why_questions_ended_in_error(tmp_path: Path) -> None:
+    """It counted the errors and never showed a reason."""
+    run = crafted_run(tmp_path / "run")
+    assert run_cli("stats", "--out", str(run)).exit_code == 0
+    page = (run / "report.html").read_text(encoding="utf-8")
+    errors = page.split('id="errors"', 1)[1].split("</section>", 1)[0]
+    assert "<b>generate</b>: 1 row in error; most often LLMError: 500 (1)" in errors
+    assert "<b>answer</b>: 1 row in error; most often timeout (1)" in errors
+    assert "<b>judge</b>: 1 row in error; most often invalid JSON (1)" in errors
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    write_csv(clean / "qa_dataset.csv", QA_HEADER, [["q", "c", "D", "Q?", "T", "ok", ""]])
+    assert run_cli("stats", "--out", str(clean)).exit_code == 0
+    assert 'id="errors"' not in (clean / "report.html").read_text(encoding="utf-8")
 
 
 def graded_run(folder: Path, grades: dict[str, tuple[str, int | str, float | None]]) -> Path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ from ragexam.analysis.kinds import UNKNOWN, VERDICTS, declines, exam_kinds, foun
 from ragexam.analysis.summary import DEFAULT_K, TEXTS
 from ragexam.errors import InputFileError
 from ragexam.io.cells import UNANSWERABLE
-from ragexam.io.csvfile import read_rows, unescape_cell
+from ragexam.io.csvfile import read_columns, read_rows, unescape_cell
 from ragexam.io.manifest import read_manifest
 from ragexam.io.runfolder import RunFolder
 
@@ -58,6 +59,30 @@ def _count(cell: str) -> int:
     except ValueError:
         return 0
     return len(value) if isinstance(value, list) else 0
+
+
+def error_reasons(out: Path, limit: int = 3) -> list[tuple[str, int, list[tuple[int, str]]]]:
+    """Per stage whose file has error rows: (stage, rows in error, its commonest reasons with
+    their counts), for the report to say why, not only how many."""
+    folder = RunFolder(out)
+    found = []
+    for stage, path in (("generate", folder.exam()), ("answer", folder.answers_read()),
+                        ("judge", folder.judgments)):  # fmt: skip
+        if not path.is_file():
+            continue
+        with suppress(InputFileError):
+            cells = read_columns(path, ["status"], optional=("error",))
+            errors = [
+                " ".join(unescape_cell(str(error)).split())[:200] or "no reason given"
+                for status, error in zip(
+                    cells["status"], cells.get("error", [""] * len(cells["status"])), strict=True
+                )
+                if status == "error"
+            ]
+            if errors:
+                common = Counter(errors).most_common(limit)
+                found.append((stage, len(errors), [(count, text) for text, count in common]))
+    return found
 
 
 def resolve_k(out: Path, k: int | None) -> int:

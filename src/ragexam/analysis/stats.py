@@ -23,6 +23,7 @@ from ragexam.analysis.kinds import BoolArray, by_kind, kind_codes, kind_columns,
 from ragexam.analysis.missed import most_missed
 from ragexam.analysis.questions import (
     deepest_rank,
+    error_reasons,
     load_questions,
     resolve_k,
     run_context,
@@ -97,6 +98,8 @@ def _summarise_run(options: StatsOptions) -> StatsResult:
     result = replace(result, controls=verdict, calibration=calibration, stale=int(stale.sum()))
     result = replace(result, questions=questions, out=out, by_kind=kinds)
     result = replace(result, missed=most_missed(folder.judgments, questions, points))
+    if int(overall["errors"].iloc[0]):  # why, beside how many
+        result = replace(result, errors=error_reasons(out))
     _write_csv(by_document, paths["summary_by_document"])
     _write_csv(overall, paths["summary"])
     if kinds.empty:  # an earlier exam's would now be stale

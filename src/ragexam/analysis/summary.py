@@ -53,3 +53,5 @@ class StatsResult:
     out: Path | None = None
     missed: pd.DataFrame = field(default_factory=pd.DataFrame)  # each document's most-missed points
     by_kind: pd.DataFrame = field(default_factory=pd.DataFrame)  # per kind of question, and ALL
+    # per stage with error rows: (stage, rows in error, [(rows, commonest reasons)])
+    errors: list[tuple[str, int, list[tuple[int, str]]]] = field(default_factory=list)

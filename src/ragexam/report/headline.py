@@ -31,7 +31,7 @@ def headline(result: StatsResult) -> str:
     row = result.overall.iloc[0]
     completeness = row.get("completeness_mean")
     if pd.isna(completeness):
-        return _ungraded(row)
+        return _ungraded(row, result.errors)
     pending = int(row.get("pending", 0) or 0)
     advice = TRY.get(str(row["diagnosis"]), TRY["ok"])
     if advice == TRY["ok"]:  # fine as a whole, but the documents that need work say what to try
@@ -80,15 +80,19 @@ def as_shown(value: float) -> float:
     return float(f"{value:.2f}")
 
 
-def _ungraded(row: pd.Series) -> str:
+def _ungraded(row: pd.Series, reasons: list[tuple[str, int, list[tuple[int, str]]]]) -> str:
     """Why no answer has a grade: none to grade, every one in error, or not judged yet."""
     questions, errors = int(row.get("questions", 0)), int(row.get("errors", 0))
     if questions == 0:
         return "No question to summarise: the exam is empty, or every question is left out."
     if errors == questions:
+        why = "; ".join(
+            f"{stage} {rows:,} (most often: {common[0][1]})" for stage, rows, common in reasons
+        )
         return (
-            f"Every one of the {questions:,} questions ended in error: their rows' error column "
-            "says why; fix the cause and rerun the stage that failed."
+            f"Every one of the {questions:,} questions ended in error"
+            + (f", in {why}" if why else "")
+            + ": their rows' error column says why; fix the cause and rerun the stage that failed."
         )
     return "No answer is graded yet: run answer and judge, then stats."
 

@@ -81,6 +81,7 @@ def write_report(result: StatsResult, path: Path) -> Path:
     sections = [
         _header(result),
         _cards(result.overall.iloc[0]),
+        _errors(result),
         kinds.section(result.by_kind),
         *judge_panels(result),
         page.section(
@@ -142,6 +143,23 @@ def _header(result: StatsResult) -> str:
     context = " · ".join(f"{escape(key)}: {escape(value)}" for key, value in result.context.items())
     lead = f'<p class="lead">{escape(headline(result))}</p>'
     return f'<h1>RAG report card</h1><p class="context">{context}</p>{lead}'
+
+
+def _errors(result: StatsResult) -> str:
+    """Why questions ended in error, stage by stage (their rows' error column, grouped)."""
+    if not result.errors:
+        return ""
+    items = "".join(
+        f"<li><b>{escape(stage)}</b>: {rows:,} row{'s' * (rows != 1)} in error; most often "
+        + "; ".join(f"{escape(text)} ({count:,})" for count, text in reasons)
+        + "</li>"
+        for stage, rows, reasons in result.errors
+    )
+    note = (
+        "Each stage's file has the reason of every row in its error column; rerun the stage "
+        "to retry them."
+    )
+    return page.section("Errors", note, f"<ul>{items}</ul>", anchor="errors")
 
 
 def _cards(overall: pd.Series) -> str:
