@@ -341,7 +341,7 @@ def test_the_control_runs_figures_add_up_with_unanswerable_questions_in_the_exam
         row for row in read_csv(tmp_path / "run" / "summary.csv") if row["document"] == "ALL"
     ]
     assert float(overall["completeness_mean"]) < rag  # the made-up answers count there
-    assert f"the retrieved chunks {rag:.0%})" in said
+    assert f"the retrieved chunks {rag:.0%}, of the answerable questions)" in said
 
 
 def test_a_batched_command_goes_on_once_its_harder_questions_are_kept(

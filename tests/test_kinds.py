@@ -238,7 +238,7 @@ def test_the_headline_says_what_is_pending_instead_of_nothing_urgent(tmp_path: P
     result = run_cli("stats", "--out", str(run))
     assert result.exit_code == 0, result.output
     said = " ".join(result.output.split())
-    assert "Answers are 100% complete (of the 1 graded; 6 pending)" in said
+    assert "Answers are 100% complete (of the 1 graded; 6 pending: too few to read firmly)" in said
     assert "grade the 6 pending questions first: run answer and judge, then stats" in said
     assert "nothing urgent: look at" not in said
 

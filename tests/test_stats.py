@@ -407,7 +407,7 @@ def test_with_judge_errors_the_diagnosis_reads_grades_and_retrieval_of_the_same_
     assert (overall["diagnosis"], by_document["M"]["diagnosis"]) == ("retrieval", "retrieval")
     assert float(overall["hit_rate"]) == pytest.approx(14 / 18)  # still of every answer
     said = " ".join(result.output.split())
-    assert "Answers are 10% complete (of the 4 graded; 14 in error)" in said
+    assert "Answers are 10% complete (of the 4 graded; 14 in error: too few to read firmly)" in said
     assert "retrieve better first" in said
 
 
@@ -532,3 +532,19 @@ def test_perfect_answers_are_not_listed_among_the_worst(tmp_path: Path) -> None:
     worst = page.split('id="worst"', 1)[1].split("</section>", 1)[0]
     assert "Every answered question is graded complete and concise" in worst
     assert "Q p1?" not in worst
+
+
+def test_a_headline_on_few_questions_says_they_are_few(tmp_path: Path) -> None:
+    """Two perfect answers: "Answers are 100% complete" with tiles of 1.00, CI 1.00-1.00."""
+    run = tmp_path / "run"
+    run.mkdir()
+    write_csv(
+        run / "qa_dataset.csv", QA_HEADER, [[q, f"c{q}", "D", "Q?", "T", "ok", ""] for q in "xy"]
+    )
+    answers = [[q, "A", json.dumps([f"c{q}"]), 1, "ok", ""] for q in "xy"]
+    write_csv(run / "answers.csv", ANSWER_HEADER, answers)
+    write_csv(run / "judgments.csv", JUDGE_HEADER, [[q, 1.0, 1.0, "ok", ""] for q in "xy"])
+    result = run_cli("stats", "--out", str(run))
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "Answers are 100% complete (2 graded: too few to read firmly)" in said

@@ -49,6 +49,10 @@ def headline(result: StatsResult) -> str:
                 f"nothing urgent in what is graded, but grade the {pending:,} pending questions "
                 "first: run answer and judge, then stats"
             )
+    graded = int(row.get("n_judged", 0) or 0)
+    if graded < FEW_QUESTIONS:  # 1.00 on two questions is no certainty: said at once
+        few = "too few to read firmly"
+        so_far = f"{so_far[:-1]}: {few})" if so_far else f" ({graded:,} graded: {few})"
     sentence = (
         f"Answers are {as_shown(completeness):.0%} complete{so_far}, and {_retrieval(row)}; "
         f"{_where(result)}; {advice}."
@@ -113,9 +117,11 @@ def _where(result: StatsResult) -> str:
     loss = row.get("retrieval_loss")
     if loss is not None and not pd.isna(loss):
         gold = row["completeness_gold"]  # both over the answerable questions, as the loss
+        # over the answerable questions, as the loss: not the mean of every question above
+        over = ", of the answerable questions" if row.get("questions_unanswerable", 0) else ""
         parts.append(
             f"retrieval loss {loss:.2f} (the source chunk handed over gives {gold:.0%} complete "
-            f"answers, the retrieved chunks {gold - loss:.0%})"
+            f"answers, the retrieved chunks {gold - loss:.0%}{over})"
         )
     broken = documents[~documents["diagnosis"].isin(("ok", "not judged"))]
     readable = broken[broken["questions"] >= FEW_QUESTIONS]
