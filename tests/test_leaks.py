@@ -44,8 +44,9 @@ HOSTILE_NAME = "doc\x1b]0;pwned\x07\x1b[2J\x9b31m.md"
 
 
 def test_terminal_escapes_in_store_metadata_never_reach_the_terminal(
-    env: FakeOpenAI, tmp_path: Path
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("COLUMNS", "160")  # room for the whole name: at 80 its start gives way
     chunks = docs(6)
     for chunk in chunks[:3]:
         chunk.metadata["source"] = HOSTILE_NAME
