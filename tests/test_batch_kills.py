@@ -340,6 +340,29 @@ def test_results_downloaded_not_merged_are_merged_by_batch_not_bought_again(
     assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}
 
 
+@pytest.mark.parametrize("damage", ["gone", "cut"])
+def test_a_downloaded_result_file_damaged_before_its_merge_is_downloaded_again(
+    batch_env: FakeOpenAI, tmp_path: Path, damage: str
+) -> None:
+    """Its rows were asked (and paid for) again, without a word, and the job billed less
+    than the endpoint had."""
+    exam(tmp_path / "run", N)
+    assert killed_at("event:ended", 1, *JUDGE) == KILLED  # results on disk, not merged
+    (output,) = (tmp_path / "run" / "batches" / "judge").glob("*.output.jsonl")
+    if damage == "gone":
+        output.unlink()
+    else:
+        output.write_bytes(output.read_bytes()[: output.stat().st_size // 2])
+    again = run_cli(*JUDGE)
+    assert again.exit_code == 0, again.output
+    said = " ".join(again.output.split())
+    what = "is gone" if damage == "gone" else "is not whole"
+    assert f"{what}: downloaded again from the endpoint" in said
+    assert lines_per_row(batch_env) == {f"q{i}": 1 for i in range(N)}  # none asked twice
+    assert len(rows(tmp_path)) == N
+    assert_billed_as_the_rows(tmp_path, N)
+
+
 def test_killed_before_its_batch_is_made_the_rerun_times_the_batch_it_makes(
     batch_env: FakeOpenAI, tmp_path: Path
 ) -> None:

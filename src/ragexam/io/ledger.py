@@ -54,6 +54,8 @@ class ShardState:
     status: str | None = None  # the batch's status when it ended
     ended_at: float | None = None
     results: list[Path] = field(default_factory=list)
+    # the downloaded ones: where each came from, and its size (to download a damaged one again)
+    sources: dict[Path, tuple[str, int]] = field(default_factory=dict)
     resolved: bool = False
     refused: bool = False  # its last batch was refused (a full queue), none made since
     refused_ids: set[str] = field(default_factory=set)  # the batches the queue refused
@@ -216,6 +218,10 @@ def _making(ledger: Ledger, shard: ShardState, event: dict[str, Any]) -> None:
 def _ended(ledger: Ledger, shard: ShardState, event: dict[str, Any]) -> None:
     shard.status, shard.ended_at = event["status"], float(event.get("at") or time.time())
     shard.results = [ledger.file(item) for item in event.get("files", [])]
+    shard.sources = {
+        ledger.file(str(path)): (str(file_id), int(size))
+        for path, file_id, size in event.get("sources", [])
+    }
     shard.resolved = True
 
 

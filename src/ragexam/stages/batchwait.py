@@ -52,6 +52,7 @@ async def api_rounds(road: BatchRoad, wait: bool = True) -> None:
         while True:
             fresh = [path for shard in road.ledger.shards.values() for path in shard.results]
             fresh = [path for path in fresh if path not in road.ledger.merged]
+            await waiter.whole(fresh)
             if first or fresh or road.unsent:  # no new result, no row can move on: no pass
                 await road.round(road.files / "requests", fresh)
                 first = road.unsent = False
@@ -194,17 +195,44 @@ class Waiter:
             self._refused_again(shard, view, counted=not running)
             return
         self.road.note(f"downloading the results of {view.id}")
-        folder, files = self.road.files, []
+        folder, files, sources = self.road.files, [], []
         for kind, file_id in (("output", view.output_file_id), ("errors", view.error_file_id)):
             if file_id:
                 files.append(folder / f"{view.id}.{kind}.jsonl")
                 await self.api.download(file_id, files[-1])
+                sources.append([files[-1], file_id, files[-1].stat().st_size])
         rest = _unanswered(shard, files)
         if rest:
             files.append(_write_unanswered(folder / f"{view.id}.unrun.jsonl", rest, view))
         # when it ended, not when this run saw it: a rerun may collect it a day later
         at = view.ended_at if view.ended_at and view.ended_at >= view.created_at else now()
-        self.road.ledger.record("ended", name=shard.name, status=view.status, files=files, at=at)
+        self.road.ledger.record(
+            "ended", name=shard.name, status=view.status, files=files, at=at, sources=sources
+        )
+
+    async def whole(self, files: list[Path]) -> None:
+        """Download again a result file, not merged yet, that is gone or not whole on disk (a
+        hand's `rm`, a disk restored from a backup): its rows would else be asked, and paid
+        for, again, and the job billed for less than the endpoint billed."""
+        for shard in self.road.ledger.shards.values():
+            for path, (file_id, size) in shard.sources.items():
+                if path not in files or (path.exists() and path.stat().st_size == size):
+                    continue
+                what = "is gone" if not path.exists() else "is not whole"
+                try:
+                    await self.api.download(file_id, path)
+                except EndpointError as exc:
+                    if getattr(exc, "status", None) != 404:
+                        raise
+                    path.unlink(missing_ok=True)  # never half a file merged
+                    logger.warning(
+                        f"{self.road.tag}: {path} {what}, and the endpoint no longer has it "
+                        f"({exc}): its rows are asked again"
+                    )
+                    continue
+                logger.warning(
+                    f"{self.road.tag}: {path} {what}: downloaded again from the endpoint"
+                )
 
     async def _crowded(self, refused: BatchView) -> bool:
         """Whether a batch of another stage of this run (or of its control runs) was in the
