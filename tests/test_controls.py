@@ -175,6 +175,9 @@ def test_run_controls_answer_with_the_runs_own_options(env: FakeOpenAI, tmp_path
     for folder in ("run", "run/gold", "run/closed_book"):
         header = (tmp_path / folder / "answers.csv").read_text(encoding="utf-8").splitlines()[0]
         assert "retrieved_texts" not in header and "source_text" not in header, folder
+    said = result.output  # each control run's stages named as such, not a second "answer"
+    assert "gold answer: 4 ok" in said and "closed-book judge: 4 ok" in said
+    assert sum(line.startswith("answer: ") for line in said.splitlines()) == 1
 
 
 def test_unanswerable_questions_stay_out_of_the_control_runs_figures(

@@ -20,6 +20,7 @@ from ragexam.cli.display import (
     show_estimates,
     summary_line,
 )
+from ragexam.io.runfolder import RunFolder
 from ragexam.stages.session import Observer, Session
 
 if TYPE_CHECKING:
@@ -90,6 +91,9 @@ class Printer(Observer):
         self.say_notes()
         skipped = SKIPPED.get(stage, "").format(result.skipped) if result.skipped else None
         outcome = result.outcome
+        folder = result.path.parent
+        if RunFolder(folder).parent_run() is not None:  # "gold answer", not a second "answer"
+            stage = f"{folder.name.replace('_', '-')} {stage}"
         if not (outcome.ok or outcome.errors or outcome.quarantined or skipped):
             done = f"{outcome.done_before} rows done before"
             waits = f"{outcome.waiting} requests wait for their results" if outcome.waiting else ""

@@ -421,6 +421,9 @@ def execute(
     is shown the rows as they land.
     """
     label = stage.name.replace("_", " ")
+    parent = RunFolder(how.out).parent_run()
+    if parent is not None:  # a control run's: "gold answer", not a second "answer"
+        label = f"{how.out.name.replace('_', '-')} {label}"
     with (
         session.holding(how.out),
         manifest_room(how.out),
