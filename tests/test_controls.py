@@ -70,6 +70,8 @@ def test_gold_and_closed_book_bracket_the_rag_run_and_measure_retrieval_loss(
     assert report.count("<title>RAG 1.000</title>") == 1 and "<title>RAG 0.000</title>" in report
     assert report.count("<title>closed book 0.000</title>") == 2
     assert "retrieval · retrieval loss +1.00" in report
+    # the legend says how the measured diagnosis reads (it gave only the thresholds')
+    assert "With the control runs, the diagnosis is measured, first match wins" in report
 
 
 def test_a_document_answered_closed_book_is_prior_knowledge(

@@ -365,6 +365,7 @@ def test_the_report_says_why_questions_ended_in_error(tmp_path: Path) -> None:
     assert "<b>generate</b>: 1 row in error; most often LLMError: 500 (1)" in errors
     assert "<b>answer</b>: 1 row in error; most often timeout (1)" in errors
     assert "<b>judge</b>: 1 row in error; most often invalid JSON (1)" in errors
+    assert "With the control runs" not in page  # no control run: the thresholds read it
     clean = tmp_path / "clean"
     clean.mkdir()
     write_csv(clean / "qa_dataset.csv", QA_HEADER, [["q", "c", "D", "Q?", "T", "ok", ""]])

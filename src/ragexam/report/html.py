@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 
+from ragexam.analysis.controlruns import LOW_GOLD, PRIOR_KNOWLEDGE, RETRIEVAL_LOSS
 from ragexam.analysis.resampling import RESAMPLES
 from ragexam.analysis.summary import (
     DIAGNOSES,
@@ -294,6 +295,16 @@ def _legend(result: StatsResult) -> str:
         f"{result.seed} (per document a Poisson bootstrap, overall the exact multinomial one).",
         "Retrieval metrics follow trec_eval, with the question's chunks as its relevant ones "
         "(one for a single question, two for a multi-hop one); unanswerable questions are out "
-        "of the retrieval means.",
+        "of the retrieval means and of the conciseness means (a right decline states nothing).",
     ]
+    if "retrieval_loss" in result.overall:  # control runs: the diagnosis is measured instead
+        notes.insert(
+            1,
+            "With the control runs, the diagnosis is measured, first match wins: prior "
+            f"knowledge when closed-book completeness is {PRIOR_KNOWLEDGE:g} or more; generation "
+            f"when gold completeness is below {LOW_GOLD:g}; retrieval when the retrieval loss "
+            f"(gold less RAG completeness) is {RETRIEVAL_LOSS:g} or more; too much context when "
+            f"conciseness is below {LOW_CONCISENESS:g}; else ok. The thresholds above read a "
+            "document without both control figures.",
+        )
     return f"<dl>{items}</dl>" + "".join(f'<p class="note">{escape(note)}</p>' for note in notes)
