@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from openai_server import FakeOpenAI
 from support import build_store, docs, questions, rag_module, read_csv, run_cli
@@ -143,3 +144,23 @@ def test_a_folder_where_an_output_csv_goes_is_a_one_line_error(
     assert compared.exit_code == 2, compared.output
     assert "run/qa_dataset.csv: is a file, not a run folder" in compared.output
     assert compared.output.count("\n") == 1
+
+
+def test_a_lone_carriage_return_in_a_cell_is_written_quoted_and_read_back_whole(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    """The csv writer leaves a cell holding a lone "\\r" unquoted (its line end is "\\n"), and
+    every reader takes that "\\r" for a line end: the row was cut in two, and moved aside
+    as unreadable when the stage resumed."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "qa_dataset.csv").write_text(HEADER + GOOD, encoding="utf-8")
+    rag = rag_module(tmp_path, "old_mac_rag", "Line one\rline two.\r")
+    assert run_cli("answer", "--rag", rag, "--out", "run").exit_code == 0
+    again = run_cli("answer", "--rag", rag, "--out", "run")
+    assert again.exit_code == 0, again.output
+    answers = tmp_path / "run" / "answers.csv"
+    assert not answers.with_name("answers.csv.bad-rows").exists()
+    with answers.open(encoding="utf-8", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [row["answer"] for row in rows] == ["Line one\rline two.\r"] * 2
+    assert len(pd.read_csv(answers)) == 2  # and a spreadsheet's, pandas', reader agrees

@@ -5,7 +5,7 @@ from __future__ import annotations
 import codecs
 import csv
 import io
-from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from operator import itemgetter, methodcaller
 from pathlib import Path
@@ -50,24 +50,37 @@ def format_cell(value: Any) -> str:
 _FIRST = frozenset(["'", *FORMULA_START])  # a text cell that may need escaping starts so
 
 
-def encode_row(values: Iterable[str]) -> str:
+def encode_row(values: Sequence[str]) -> str:
     """One CSV line of these cells."""
     return RowEncoder().line(values)
 
 
 class RowEncoder:
-    """CSV lines of rows, one at a time, through one writer (~1 µs a row less than a new one)."""
+    """CSV lines of rows, one at a time, through one writer (~1 µs a row less than a new one).
+
+    The writer ends lines with "\n" and quotes the cells that hold one, but not a cell that
+    holds a lone "\r", which every reader (Python's, pandas', a spreadsheet) takes for the
+    end of the line: such a row is written by a writer whose line end holds both, so it
+    quotes them too, and ended with "\n" like the others.
+    """
 
     def __init__(self) -> None:
         self._buffer = io.StringIO()
         self._writer = csv.writer(self._buffer, lineterminator="\n")
+        self._quoting_cr = csv.writer(self._buffer, lineterminator="\r\n")
 
-    def line(self, values: Iterable[str]) -> str:
+    def line(self, values: Sequence[str]) -> str:
         """One CSV line of these cells."""
         self._buffer.seek(0)
         self._buffer.truncate()
         self._writer.writerow(values)
-        return self._buffer.getvalue()
+        line = self._buffer.getvalue()
+        if "\r" not in line:
+            return line
+        self._buffer.seek(0)
+        self._buffer.truncate()
+        self._quoting_cr.writerow(values)
+        return self._buffer.getvalue()[:-2] + "\n"
 
     def row(self, row: Mapping[str, Any], columns: Sequence[str]) -> str:
         """The CSV line of a row's plain values, in these columns (a missing one is empty)."""
