@@ -174,7 +174,10 @@ class RowLog:
         A write that fails (disk full) is cut back to the end of the last whole row, and
         raises OutputFileError: the file never keeps half a row.
         """
-        data = self._line(row).encode("utf-8")
+        self.append_line(self._line(row).encode("utf-8"))
+
+    def append_line(self, data: bytes) -> None:
+        """`append`, of a row already encoded as its CSV line in this file's columns."""
         if self._held is None:
             self._write(data)
             return

@@ -298,9 +298,7 @@ class LLM:
         if (
             answer.status != 200
             or not isinstance(answer.body, dict)
-            or not deferred.is_chat(url)
-            or (self.system_check.looking and not self.system_as_user)  # it wants the usage
-            or self.choice.method == StructuredMethod.function_calling
+            or not self.reads_directly(url)
         ):
             return None
         found = deferred.plain_completion(answer.body)
@@ -312,6 +310,16 @@ class LLM:
         except (OutputError, ValidationError):
             return None
         return Reply(value, prompt_tokens, completion_tokens, 1, 0.0, content)
+
+    def reads_directly(self, url: str) -> bool:
+        """Whether a plain completion to this URL may be read without langchain's reader: a
+        chat call, under a method that replies in text, its usage not wanted to check how the
+        endpoint counts a system message."""
+        return (
+            deferred.is_chat(url)
+            and not (self.system_check.looking and not self.system_as_user)
+            and self.choice.method != StructuredMethod.function_calling
+        )
 
     def billed(self, answer: Answer, model: str | None = None) -> None:
         """Count a batch result no row of this run reads (its row was written by a run
@@ -338,10 +346,14 @@ class LLM:
     def booked(self, reply: Reply[Any], fresh: bool) -> None:
         """Count a reply `read_first` read, as `structured` counts one: a call and its tokens
         when this run is the first to read it, and a valid reply under the method in use."""
+        self.booked_tokens(reply.prompt_tokens, reply.completion_tokens, fresh)
+
+    def booked_tokens(self, prompt: int, completion: int, fresh: bool) -> None:
+        """`booked`, of a valid reply read by its tokens alone (the bulk lane's)."""
         if fresh:
             self.pacer.traffic.calls += 1
-            self.tokens[0] += reply.prompt_tokens
-            self.tokens[1] += reply.completion_tokens
+            self.tokens[0] += prompt
+            self.tokens[1] += completion
         self.choice.succeeded(self.choice.method)
 
     def limit(self, schema: type[BaseModel]) -> int:

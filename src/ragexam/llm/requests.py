@@ -83,12 +83,14 @@ class Form:
     url: str
     segments: tuple[str, ...]
     order: tuple[str, ...]  # the value whose text fills each gap
+    gaps: tuple[tuple[str, str], ...] = field(init=False, repr=False, compare=False)
     head: bytes = field(init=False, repr=False, compare=False)
     hashed: hashlib.blake2b = field(
         init=False, repr=False, compare=False
     )  # the digest's state after head
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "gaps", tuple(zip(self.order, self.segments[1:], strict=True)))
         head = self.segments[0].encode()
         object.__setattr__(self, "head", head)
         object.__setattr__(self, "hashed", digest_state(head))
@@ -98,10 +100,15 @@ class Form:
         not Delimited has its delimiters neutralised: `Prompt.fill`), JSON-escaped as the SDK
         escapes them. KeyError: a value the form has a gap for is missing."""
         parts: list[str] = []
-        for name, segment in zip(self.order, self.segments[1:], strict=True):
+        add = parts.append
+        for name, segment in self.gaps:
             value = values[name]
-            text = value if isinstance(value, Delimited) else neutralise(value)
-            parts += (encode_basestring(text)[1:-1], segment)
+            add(
+                encode_basestring(value if isinstance(value, Delimited) else neutralise(value))[
+                    1:-1
+                ]
+            )
+            add(segment)
         rest = "".join(parts).encode()  # strict, as the SDK's: a lone surrogate fails the same
         state = self.hashed.copy()
         state.update(rest)

@@ -15,7 +15,6 @@ import logging
 import math
 import re
 import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -25,13 +24,13 @@ import openai
 
 from ragexam.config import Settings
 from ragexam.errors import ConfigError, EndpointError
-from ragexam.io.batchfiles import Shard, parse_custom_id, read_ids
+from ragexam.io.batchfiles import Shard
 from ragexam.io.ledger import Ledger, ShardState
 from ragexam.io.runfolder import RunFolder, file_identity
 from ragexam.llm.transport import routable
 from ragexam.options import Given
 from ragexam.stages.batchwait import QUEUE_FULL, api_rounds
-from ragexam.stages.replay import Pass, ResultIndex, outstanding, results_of, token
+from ragexam.stages.replay import Pass, ResultIndex, outstanding, requests_of, results_of
 from ragexam.stages.runner import (
     Plan,
     Progress,
@@ -351,7 +350,7 @@ class BatchRoad:
         next pass, in shards of at most `lines` requests."""
         self.dropped += shard.lines
         self.ledger.record("dropped", name=shard.name, job=self.totals())
-        for key, request in _requests(shard):
+        for key, request in requests_of(shard):
             if self.out.get(key) == request:
                 del self.out[key]
         self.shard_lines = min(self.shard_lines or lines, lines)
@@ -422,7 +421,8 @@ class BatchRoad:
     def resolve(self, done: Path) -> None:
         """Shards none of whose requests is still out: recorded, and their file moved aside."""
         for shard in self.ledger.waiting():
-            if any(self.out.get(key) == request for key, request in _requests(shard)):
+            out = self.out  # none out: every shard is resolved, without reading its requests
+            if out and any(out.get(key) == request for key, request in requests_of(shard)):
                 continue
             if shard.path.exists():  # moved first: a kill between leaves it to resolve again
                 done.mkdir(parents=True, exist_ok=True)
@@ -479,11 +479,3 @@ class BatchRoad:
 
 def _at(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def _requests(shard: ShardState) -> Iterator[tuple[str, int]]:
-    """(key, request) of each line of a shard."""
-    for identifier in read_ids(shard.ids):
-        parsed = parse_custom_id(identifier)
-        if parsed is not None:
-            yield parsed[3], token(parsed[1], parsed[2])

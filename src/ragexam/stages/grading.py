@@ -143,11 +143,12 @@ class ScaleGrader:
 
     def settled(self, exam: Exam, reply: Reply[Any]) -> Sample:
         """A valid reply is the grade."""
-        grade = reply.value
+        return Sample(*self.grades(reply.value), (reply,))
+
+    def grades(self, grade: UnitGrade | TenGrade) -> tuple[float, float, str]:
+        """A valid reply's completeness and conciseness in [0, 1], and its reasoning."""
         divisor = self.divisor
-        return Sample(
-            grade.completeness / divisor, grade.conciseness / divisor, grade.reasoning, (reply,)
-        )
+        return grade.completeness / divisor, grade.conciseness / divisor, grade.reasoning
 
     def columns(self, samples: Sequence[Sample], exam: Exam) -> dict[str, Any]:
         """The first sample's reasoning."""

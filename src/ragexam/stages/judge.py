@@ -30,6 +30,7 @@ from ragexam.llm.client import LLM, Reply
 from ragexam.llm.prompts import Call, Prompt
 from ragexam.options import Given
 from ragexam.stages.batch import run_settings
+from ragexam.stages.bulk import Rows
 from ragexam.stages.exams import INPUTS, Exam, Exams, inputs
 from ragexam.stages.grading import Grader, Sample, ScaleGrader, merged
 from ragexam.stages.marking import KeyPointGrader
@@ -265,6 +266,15 @@ class JudgePlan:
         sample = self.grader.settled(task.payload, reply)
         return None if sample is None else self.finish(task, [sample], None)
 
+    def bulk(self) -> Rows | None:
+        """The commonest row, for the batch road's bulk lane: one sample on the unit or ten
+        scale, its grades and reasoning the reply's (the key-points scale counts verdicts
+        against the row's own key points: its rows go the direct lane)."""
+        grader = self.grader
+        if self.samples != 1 or not isinstance(grader, ScaleGrader):
+            return None
+        return Rows(grader.schema, ("completeness", "conciseness", "reasoning"), grader.grades)
+
     def messages(self, exam: Exam) -> list[BaseMessage]:
         """The prompt that grades one answer."""
         return self.grader.messages(exam)
@@ -317,6 +327,10 @@ class ControlPlan(JudgePlan):
             source.qa_id, source.question, source.ground_truth, control.answer,
             key_points=source.key_points,
         )  # fmt: skip
+
+    def bulk(self) -> Rows | None:
+        """None: a control's row says whether it passed, and there are a few dozen of them."""
+        return None
 
     def finish(self, task: Task, samples: list[Sample], failure: LLMError | None) -> dict[str, Any]:
         """The control's grades; it passes when they fall within its kind's bounds."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, KeysView
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
@@ -42,7 +42,8 @@ from ragexam.io.ledger import Ledger, ShardState
 from ragexam.llm.client import LLM, Reply
 from ragexam.llm.deferred import Deferred, Known, RowCalls, calls_of
 from ragexam.llm.prompts import Call
-from ragexam.stages.runner import Plan, Runner, Task, ok_row
+from ragexam.stages.bulk import Bulk, Lane
+from ragexam.stages.runner import Encoded, Plan, Runner, Task, ok_row
 
 _OFFSET_BITS, _LENGTH_BITS = 40, 32  # a location: file number, offset and length in one int
 
@@ -56,11 +57,17 @@ def outstanding(ledger: Ledger, shards: list[ShardState] | None = None) -> dict[
     """The request each row has out, by its key, from the shards still waiting (or these)."""
     out: dict[str, int] = {}
     for shard in ledger.waiting() if shards is None else shards:
-        for identifier in read_ids(shard.ids):
-            parsed = parse_custom_id(identifier)
-            if parsed is not None:
-                out[parsed[3]] = token(parsed[1], parsed[2])
+        out.update(requests_of(shard))
     return out
+
+
+def requests_of(shard: ShardState) -> Iterator[tuple[str, int]]:
+    """(key, request) of each line of a shard: the custom_ids of ours in its ids file, each
+    read as parse_custom_id reads it (a million of them at once, as `token`s)."""
+    for identifier in read_ids(shard.ids):
+        parts = identifier.split("~", 3)
+        if len(parts) == 4 and parts[1].isascii() and parts[1].isdigit():
+            yield parts[3], (int(parts[2], 16) << 16) | (int(parts[1]) & 0xFFFF)
 
 
 class ResultIndex:
@@ -91,28 +98,37 @@ class ResultIndex:
 
     def _scan(self, tag: str, number: int, path: Path, done: set[str], unspent: bool) -> None:
         named = False
+        where, base = self._where, number << (_OFFSET_BITS + _LENGTH_BITS)
         for identifier, offset, length in scan_results(path):
             named = True
             parsed = parse_custom_id(identifier)
             if parsed is None or parsed[0] != tag:
                 continue  # another stage's
-            location = (number << (_OFFSET_BITS + _LENGTH_BITS)) | (offset << _LENGTH_BITS) | length
-            if parsed[3] in done:  # a row already written
+            key, location = parsed[3], base | (offset << _LENGTH_BITS) | length
+            if key in done:  # a row already written
                 if unspent:
                     self._late.setdefault(identifier, location)
                 continue
-            known = self._where.get(parsed[3])
+            known = where.get(key)
             if known is None:
-                self._where[parsed[3]] = location
+                where[key] = location
             elif isinstance(known, list):
                 known.append(location)
             else:
-                self._where[parsed[3]] = [known, location]
+                where[key] = [known, location]
         if not named and path.stat().st_size:  # garbage, a binary, another tool's file
             self.foreign.append(path)
 
     def __contains__(self, key: object) -> bool:
         return key in self._where
+
+    def missing(self, keys: KeysView[str]) -> set[str]:
+        """The keys with no result here."""
+        return keys - self._where.keys()
+
+    def lone(self, key: str) -> bool:
+        """Whether the row has exactly one result here."""
+        return type(self._where.get(key)) is int
 
     def keys(self) -> Iterator[str]:
         """The rows with results."""
@@ -161,11 +177,28 @@ class ResultIndex:
                 self.fresh += 1
                 yield item[1].answer
 
+    def single(self, key: str) -> tuple[bytes, bool] | None:
+        """The row's result line, and whether it is fresh, when it has exactly one (left in
+        the index: `spend` takes it, once it is written)."""
+        found = self._where.get(key)
+        if type(found) is not int:
+            return None
+        return self._line(found), self.files[found >> (_OFFSET_BITS + _LENGTH_BITS)][1]
+
+    def spend(self, key: str, fresh: bool) -> None:
+        """Take a row's one result out, written from the line `single` gave."""
+        del self._where[key]
+        self.fresh += fresh
+
+    def _line(self, location: int) -> bytes:
+        number = location >> (_OFFSET_BITS + _LENGTH_BITS)
+        offset = (location >> _LENGTH_BITS) & ((1 << _OFFSET_BITS) - 1)
+        return self._spans[number].read(offset, location & ((1 << _LENGTH_BITS) - 1))
+
     def _read(self, location: int) -> tuple[str, Known] | None:
         """(the digest it was asked with, the result) of the line at a location."""
         number = location >> (_OFFSET_BITS + _LENGTH_BITS)
-        offset = (location >> _LENGTH_BITS) & ((1 << _OFFSET_BITS) - 1)
-        line = self._spans[number].read(offset, location & ((1 << _LENGTH_BITS) - 1))
+        line = self._line(location)
         answer = parse_answer(line)
         parsed = parse_custom_id(answer.custom_id) if answer else None
         if answer is None or parsed is None:
@@ -231,6 +264,8 @@ class Pass:
         self._carry_path = self.files / f"carry-{time.time_ns()}.jsonl"  # never the one read
         self.opens = plan if isinstance(plan, Opens) else None
         self.llm: LLM = plan.llm  # type: ignore[attr-defined]  # drive checked it has one
+        rows = plan.bulk() if self.opens is not None and isinstance(plan, Bulk) else None
+        self.lane = Lane(rows, runner, self.llm, ledger.tag) if rows is not None else None
         # what the `merged` event records beside the files (the road's: its job's totals)
         self.commit: Callable[[Pass], dict[str, Any]] = lambda _: {}
         # and what each `shard` event records beside the shard (the job's totals, it in)
@@ -247,21 +282,16 @@ class Pass:
 
     async def run(self, done: set[str]) -> None:
         """Go through every row not done, nor waiting on a request already out."""
-        idle = {key for key in self.out if key not in self.index}  # out, and nothing back yet
-        _, tasks = self.plan.tasks(done | idle if idle else done)
+        idle = self.index.missing(self.out.keys())  # out, and nothing back yet
+        count, tasks = self.plan.tasks(done | idle if idle else done)
         try:
             for answer in self.index.late():
                 self.llm.billed(answer, self.asked_of)
             if isinstance(tasks, AsyncIterator):
                 async for task in tasks:
-                    handled, known = self._directly(task)
-                    if not handled:
-                        await self._row(task, known)
+                    await self._one(task)
             else:  # the rows of a million-row judge: no coroutine for a row done directly
-                for task in tasks:
-                    handled, known = self._directly(task)
-                    if not handled:
-                        await self._row(task, known)
+                await self._rows(iter(tasks), count)
             self._keep_the_rest()
             for writer in self._writers.values():
                 writer.close()
@@ -273,11 +303,40 @@ class Pass:
             self.index.close()
         self._retire()
 
+    async def _one(self, task: Task) -> None:
+        handled, known = self._directly(task)
+        if not handled:
+            await self._row(task, known)
+
+    async def _rows(self, tasks: Iterator[Task], count: int | None) -> None:
+        """Do the rows."""
+        for task in tasks:
+            await self._one(task)
+
     def _directly(self, task: Task) -> tuple[bool, dict[str, list[Known]]]:
         """Take the row's results, and do the row by its first call alone if it can be:
         whether it was, and its results (for the whole way, if not)."""
+        if self.lane is not None and self._bulk(self.lane, task):
+            return True, {}
         known = self.index.take(task.key) if task.key in self.index else {}
         return self.opens is not None and self._opened(self.opens, task, known), known
+
+    def _bulk(self, lane: Lane, task: Task) -> bool:
+        """Write the row in the bulk lane, if it reads the row's one result."""
+        found = self.index.single(task.key)
+        assert self.opens is not None  # a lane is made for a plan that opens
+        made = lane.line_of(task, found[0], self.opens.opening(task)) if found else None
+        if found is None or made is None:
+            return False
+        self._wrote(lane, task, made, found[1])
+        return True
+
+    def _wrote(self, lane: Lane, task: Task, made: Encoded, fresh: bool) -> None:
+        lane.write(task, made, fresh)
+        self.index.spend(task.key, fresh)
+        self.out.pop(task.key, None)
+        self.written += 1
+        self.read += 1
 
     async def _row(self, task: Task, known: dict[str, list[Known]]) -> None:
         """Do a row the whole way (once its first call's form is learned: directly, if the
@@ -322,6 +381,8 @@ class Pass:
             return False
         opens.llm.booked(reply, results[0].fresh)
         self.runner.settle(task, ok_row(values))
+        if self.lane is not None:  # the bulk lane writes the next such rows as this one is
+            self.lane.learn(self.runner.last_row)
         self.out.pop(task.key, None)
         self.written += 1
         self.read += 1

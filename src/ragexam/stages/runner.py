@@ -22,7 +22,7 @@ from collections.abc import (
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from ragexam.errors import (
     AuthError,
@@ -74,6 +74,14 @@ class Task:
     # Columns made from the payload only once the row is written (its input hash: the batch
     # road writes the requests of a million rows without writing one of them).
     late: Callable[[Any], Mapping[str, Any]] | None = None
+
+
+class Encoded(NamedTuple):
+    """An ok row already encoded as its CSV line (the bulk lane's), and its reply's tokens."""
+
+    line: bytes
+    prompt_tokens: int
+    completion_tokens: int
 
 
 @dataclass(frozen=True)
@@ -220,6 +228,7 @@ class Runner:
         self._previous_errors: dict[str, Mapping[str, Any]] = {}
         self._started: set[str] = set()
         self._done: set[str] = set()
+        self.last_row: dict[str, Any] = {}  # the row written last, as it was written
         self.earlier = earlier  # this command's send phase of the stage, if it had one
         self.sending = False  # a send phase: the batch road sends its batches, waits for none
 
@@ -296,10 +305,14 @@ class Runner:
                 return
             self.settle(task, await self.attempt(task, work))
 
-    def settle(self, task: Task, values: dict[str, Any] | None) -> None:
-        """Write the row of a task that is done, ok or not (None: it writes no row)."""
+    def settle(self, task: Task, values: dict[str, Any] | Encoded | None) -> None:
+        """Write the row of a task that is done, ok or not, from its values or its line
+        (None: it writes no row)."""
         if values is None:
             self.outcome.dropped += 1
+        elif isinstance(values, Encoded):
+            self.log.append_line(values.line)
+            self._count(True, values.prompt_tokens, values.completion_tokens)
         else:
             self._record(task, values)
         self._started.add(task.key)  # after the write: Ctrl-C mid-call keeps the old row
@@ -340,15 +353,21 @@ class Runner:
         row.setdefault("model", self.stage.model)
         row.setdefault("prompt_hash", self.stage.prompt_hash)
         self.log.append(row)
+        self.last_row = row
         ok = row["status"] == "ok"
+        if not ok:
+            reason = str(row["error"])[:REASON_LIMIT]  # whole: the summary wraps it, never cuts
+            self.outcome.reasons[reason] = self.outcome.reasons.get(reason, 0) + 1
+        tokens = (int(row.get("prompt_tokens") or 0), int(row.get("completion_tokens") or 0))
+        self._count(ok, *tokens)
+
+    def _count(self, ok: bool, prompt_tokens: int, completion_tokens: int) -> None:
         if ok:
             self.outcome.ok += 1
         else:
             self.outcome.errors += 1
-            reason = str(row["error"])[:REASON_LIMIT]  # whole: the summary wraps it, never cuts
-            self.outcome.reasons[reason] = self.outcome.reasons.get(reason, 0) + 1
-        self.outcome.prompt_tokens += int(row.get("prompt_tokens") or 0)
-        self.outcome.completion_tokens += int(row.get("completion_tokens") or 0)
+        self.outcome.prompt_tokens += prompt_tokens
+        self.outcome.completion_tokens += completion_tokens
         if self.progress is not None:
             self.progress.advance(ok)
 
