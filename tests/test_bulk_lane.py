@@ -1,13 +1,19 @@
-"""The batch road's bulk lane (stages/bulk.py): a judge merge writes, byte for byte, the file
-the direct lane writes from the same results.
+"""The batch road's bulk lane (stages/bulk.py) and its forked child (stages/forked.py): a judge
+merge writes, byte for byte, the file the direct lane writes from the same results, whichever
+process read them, and a child that fails, or a run stopped while one works, loses nothing.
 
 Each test runs the same exam and results twice, in two folders: once as a user runs it, once
-with the lane taken away; the second run is what ragexam wrote before it.
+with the lane (or the child) taken away; the second run is what ragexam wrote before either.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -17,10 +23,12 @@ from openai_server import FakeOpenAI, Reply
 from support import number, read_csv, run_batch_files, run_cli, write_dict_rows
 
 from ragexam.llm.endpoint import SystemCheck
-from ragexam.stages import judge
+from ragexam.stages import forked, judge
 from ragexam.stages.bulk import Lane
+from ragexam.stages.replay import Pass
 
 WAITING = 75
+LINUX = pytest.mark.skipif(sys.platform != "linux", reason="children are forked on Linux only")
 # Cells a CSV writer must quote or a spreadsheet must not run, and texts no lane may change.
 AWKWARD = ["=SUM(A1)", "-1 point", "+x", "@me", 'a "quoted" word', "one, two", "line\nbreak",
            "lone\rreturn", "\tlead", "", "é € 😀", "'=already", "x" * 300]  # fmt: skip
@@ -118,3 +126,137 @@ def test_the_bulk_lane_writes_the_direct_lanes_file_byte_for_byte(
         float(row["completeness"]) == completeness(i, scale == "ten") / divisor
         for i, row in by_number.items()
     )
+
+
+def many(monkeypatch: pytest.MonkeyPatch, cores: int = 2) -> None:
+    """Children for a pass of a few dozen rows, on any machine: one a spare core."""
+    monkeypatch.setattr(forked, "ROWS_TO_FORK", 8)
+    monkeypatch.setattr(forked, "cores", lambda: cores)
+
+
+@LINUX
+@pytest.mark.parametrize("cores", [2, 4])
+def test_forked_children_read_the_last_rows_and_the_file_is_the_same(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cores: int
+) -> None:
+    env.responder = grades
+    n = 80
+    alone = merged(env, tmp_path / "alone", n)
+    many(monkeypatch, cores)
+    children = counting(monkeypatch, forked.Child, "lines")
+    adopted = counting(monkeypatch, Pass, "_adopt")
+    assert merged(env, tmp_path / "forked", n) == alone
+    assert children == Counter({True: cores - 1})  # a child a spare core, each read its rows
+    left = n - SystemCheck.CALLS - 1  # after the row the lane learned from
+    mine = forked.shares(left, cores - 1)[0]
+    theirs = range(n - left + mine, n)
+    assert adopted[True] == sum(1 for i in theirs if i % 10 != 7 and i % 6 != 5)  # plain ones
+
+
+@LINUX
+def test_a_child_that_fails_leaves_its_rows_to_the_parent(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env.responder = grades
+    n = 80
+    alone = merged(env, tmp_path / "alone", n)
+    many(monkeypatch)
+    monkeypatch.setattr(forked, "_child", lambda *args: os._exit(3))
+    children = counting(monkeypatch, forked.Child, "lines")
+    assert merged(env, tmp_path / "failed", n) == alone
+    assert children == Counter({False: 1})  # it was made, and failed
+
+
+@LINUX
+def test_ctrl_c_while_a_child_works_ends_it_and_a_rerun_writes_each_row_once(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env.responder = grades
+    n = 80
+    merged(env, tmp_path / "alone", n)
+    alone = {row["qa_id"]: row for row in read_csv(tmp_path / "alone" / "run" / "judgments.csv")}
+    many(monkeypatch)
+    pids: list[int] = []
+    start, write = forked.Child.start, Lane.write
+
+    def started(*args: Any) -> Any:
+        child = start(*args)
+        pids.append(child.pid)
+        return child
+
+    def stopped(self: Lane, *args: Any) -> None:
+        if pids and self.written == 5:  # the parent's fifth row after the fork
+            raise KeyboardInterrupt
+        write(self, *args)
+
+    monkeypatch.setattr(forked.Child, "start", started)
+    monkeypatch.setattr(Lane, "write", stopped)
+    folder = tmp_path / "stopped"
+    write_exam(folder / "run", n)
+    command = ("judge", "--out", str(folder / "run"), "--controls", "0")
+    command += ("--batch-dir", str(folder / "files"))
+    assert run_cli(*command).exit_code == WAITING
+    run_batch_files(env, folder / "files")
+    assert run_cli(*command).exit_code == 130
+    assert len(pids) == 1
+    with pytest.raises(ChildProcessError):  # ended, and reaped: no zombie is left
+        os.waitpid(pids[0], os.WNOHANG)
+    monkeypatch.setattr(Lane, "write", write)
+    assert run_cli(*command).exit_code in (0, WAITING)
+    rows = read_csv(folder / "run" / "judgments.csv")
+    assert Counter(row["qa_id"] for row in rows).most_common(1)[0][1] == 1
+    assert {row["qa_id"]: row for row in rows} == alone
+
+
+CHILD_SLEEPS = """
+import os, sys, time
+from ragexam.stages import forked
+forked.ROWS_TO_FORK, forked.cores = 8, lambda: 2
+alone = forked._alone
+def slow(parent):
+    alone(parent)  # from here on, the parent's death is the child's
+    with open(os.environ["PID_FILE"], "w") as out:
+        out.write(str(os.getpid()))
+    time.sleep(60)
+forked._alone = slow
+from ragexam.cli import main
+sys.argv = ["ragexam", *sys.argv[1:]]
+main()
+"""
+
+
+@LINUX
+def test_a_child_dies_with_its_parent_killed(env: FakeOpenAI, tmp_path: Path) -> None:
+    env.responder = grades
+    write_exam(tmp_path / "run", 80)
+    command = ["judge", "--out", "run", "--controls", "0", "--batch-dir", "files"]
+    assert run_cli(*command).exit_code == WAITING
+    run_batch_files(env, tmp_path / "files")
+    pid_file = tmp_path / "child.pid"
+    environment = {**os.environ, "PID_FILE": str(pid_file)}
+    parent = subprocess.Popen([sys.executable, "-c", CHILD_SLEEPS, *command], env=environment)
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline and parent.poll() is None
+            time.sleep(0.05)
+        child = int(pid_file.read_text())
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while _alive(child):
+            assert time.monotonic() < deadline, "the child outlived its parent"
+            time.sleep(0.05)
+    finally:
+        parent.kill()
+    assert run_cli(*command).exit_code in (0, WAITING)  # the rerun merges every result
+    assert len(read_csv(tmp_path / "run" / "judgments.csv")) == 72
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process runs (a zombie, ended and not yet reaped by init, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"

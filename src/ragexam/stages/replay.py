@@ -21,6 +21,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, KeysView
+from itertools import islice
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
@@ -43,6 +44,7 @@ from ragexam.llm.client import LLM, Reply
 from ragexam.llm.deferred import Deferred, Known, RowCalls, calls_of
 from ragexam.llm.prompts import Call
 from ragexam.stages.bulk import Bulk, Lane
+from ragexam.stages.forked import Child, children_for, shares
 from ragexam.stages.runner import Encoded, Plan, Runner, Task, ok_row
 
 _OFFSET_BITS, _LENGTH_BITS = 40, 32  # a location: file number, offset and length in one int
@@ -309,9 +311,61 @@ class Pass:
             await self._row(task, known)
 
     async def _rows(self, tasks: Iterator[Task], count: int | None) -> None:
-        """Do the rows."""
+        """Do the rows; once the bulk lane reads rows, with many left, the last ones are read
+        by forked children, a share each (forked.py), while this process does the first."""
+        left, children = count, 0
         for task in tasks:
             await self._one(task)
+            left = None if left is None else left - 1
+            if left is not None and self.lane is not None and self.lane.ready:
+                children = children_for(left)
+                if children:
+                    break
+        else:
+            return
+        assert self.lane is not None and self.opens is not None and left is not None
+        mine, *theirs = shares(left, children)
+        made, skip = [], mine
+        try:
+            for rows in theirs:
+                child = Child.start(
+                    self.lane,
+                    self.index.single,
+                    self.opens.opening,
+                    tasks,
+                    (skip, rows),
+                    self.files,
+                )
+                made.append((child, rows))
+                skip += rows
+            for task in islice(tasks, mine):
+                await self._one(task)
+            for child, rows in made:
+                await self._adopt_all(child, islice(tasks, rows))
+            for task in tasks:  # none left, unless the plan made more rows than it counted
+                await self._one(task)
+        finally:
+            for child, _ in made:
+                if child is not None:
+                    child.stop()
+
+    async def _adopt_all(self, child: Child | None, tasks: Iterator[Task]) -> None:
+        """Write a child's rows from the lines it made; those it did not make (all, when it
+        failed) are done here."""
+        for line, task in zip((child.lines() if child else None) or (), tasks, strict=False):
+            if line is None or not self._adopt(task, line):
+                await self._one(task)
+        for task in tasks:
+            await self._one(task)
+
+    def _adopt(self, task: Task, made: tuple[bytes, int, int, bool]) -> bool:
+        """Write a row whose line the child made, as if the bulk lane had made it here."""
+        assert self.lane is not None
+        line, prompt, completion, fresh = made
+        if not self.index.lone(task.key):  # as the child found it: no other way could change it
+            return False
+        self._wrote(self.lane, task, Encoded(line, prompt, completion), fresh)
+        return True
 
     def _directly(self, task: Task) -> tuple[bool, dict[str, list[Known]]]:
         """Take the row's results, and do the row by its first call alone if it can be:

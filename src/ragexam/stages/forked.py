@@ -1,0 +1,196 @@
+"""A second process for the bulk lane: the last rows of a large pass, read on another core.
+
+Reading a million results is CPU-bound Python, and one process uses one core. Once the bulk
+lane has learned its line, a pass with many rows left forks a child. The child makes the
+lines of the last rows (the lane's pure step: `Lane.line_of`), while the parent writes the
+first ones as before; then the parent writes the child's lines, in their rows' order, as if
+it had made them itself: the same file, in the same order, and every count, bill and record
+kept by the parent alone. A row the child does not read is done by the parent, as every row
+is without a child. The child writes nothing but an unnamed temporary file, and dies with
+its parent (a kill -9 leaves nothing behind); a child that fails leaves its rows to the
+parent.
+
+Linux only (fork, PR_SET_PDEATHSIG), and only with a second core to run on. The child runs
+no code that takes a lock another thread may hold: no logging, printing, nor event loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import mmap
+import os
+import signal
+import struct
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable, Iterator
+from itertools import islice
+from pathlib import Path
+from typing import IO, Any
+
+from ragexam.stages.bulk import Lane
+from ragexam.stages.runner import Task
+
+ROWS_TO_FORK = 20_000  # rows left in a pass below which a child is not worth its start
+MAX_CHILDREN = 7
+# What a row costs a child, of what it costs the parent, which also writes it and counts it
+# (bench_batch at a million rows: a child's share ended as the parent's did at this ratio).
+CHILD_COST = 0.9
+_RECORD = struct.Struct("<IQQ?")  # a line's length (DECLINED: the child read none), tokens
+DECLINED = 0xFFFFFFFF
+_CHUNK = 1 << 20
+_PR_SET_PDEATHSIG = 1
+
+# (the row's line, its result line's freshness) from the index, or None
+Found = Callable[[str], "tuple[bytes, bool] | None"]
+Opening = Callable[[Task], Any]
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return 1
+
+
+def children_for(left: int) -> int:
+    """How many children a pass with this many rows left gains from: one a spare core."""
+    if sys.platform != "linux" or left < ROWS_TO_FORK:
+        return 0
+    return min(cores() - 1, MAX_CHILDREN)
+
+
+def shares(left: int, children: int) -> list[int]:
+    """The rows left, shared out so that the parent and each child end together: the
+    parent's first, then each child's in turn (the last takes what rounding leaves)."""
+    each = int(left / (children + CHILD_COST))
+    return [left - children * each] + [each] * children
+
+
+class Child:
+    """A forked child making the lines of the last rows of a pass."""
+
+    def __init__(self, pid: int, output: IO[bytes], froze: bool) -> None:
+        self.pid, self.output, self.froze = pid, output, froze
+
+    @classmethod
+    def start(
+        cls,
+        lane: Lane,
+        found: Found,
+        opening: Opening,
+        tasks: Iterator[Task],
+        rows: tuple[int, int],
+        folder: Path,
+    ) -> Child | None:
+        """Fork a child that skips rows[0] of the tasks and makes the lines of rows[1]."""
+        folder.mkdir(parents=True, exist_ok=True)
+        # unnamed, so nothing is left on any exit; closed by `stop`, as it outlives this call
+        output = tempfile.TemporaryFile(dir=folder)  # noqa: SIM115
+        parent = os.getpid()
+        froze = not gc.get_freeze_count()  # the command line froze its own at its start
+        gc.freeze()  # no collection writes to what both processes hold: pages stay shared
+        with warnings.catch_warnings():  # 3.12+: a process with threads; the child takes no lock
+            warnings.simplefilter("ignore", DeprecationWarning)
+            try:
+                pid = os.fork()
+            except OSError:  # no memory or no process left for it: the parent does every row
+                cls(0, output, froze).stop()
+                return None
+        if pid == 0:
+            _child(parent, lane, found, opening, islice(tasks, sum(rows)), rows[0], output.fileno())
+        return cls(pid, output, froze)
+
+    def lines(self) -> Iterator[tuple[bytes, int, int, bool] | None] | None:
+        """Once the child has ended: (line, prompt and completion tokens, fresh) of each of
+        its rows in order, None for a row it did not read; None when it failed."""
+        _, status = os.waitpid(self.pid, 0)
+        self.pid = 0
+        if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
+            return None
+        size = os.fstat(self.output.fileno()).st_size
+        return (
+            _records(mmap.mmap(self.output.fileno(), size, prot=mmap.PROT_READ))
+            if size
+            else iter(())
+        )
+
+    def stop(self) -> None:
+        """End the child, if it still runs, and drop its file."""
+        if self.pid:
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            self.pid = 0
+        self.output.close()
+        if self.froze:  # what this froze is collected again, as before
+            gc.unfreeze()
+            self.froze = False
+
+
+def _records(data: mmap.mmap) -> Iterator[tuple[bytes, int, int, bool] | None]:
+    at, size = 0, _RECORD.size
+    with data:
+        while at < len(data):
+            length, prompt, completion, fresh = _RECORD.unpack_from(data, at)
+            at += size
+            if length == DECLINED:
+                yield None
+                continue
+            yield data[at : at + length], prompt, completion, fresh
+            at += length
+
+
+def _child(
+    parent: int,
+    lane: Lane,
+    found: Found,
+    opening: Opening,
+    tasks: Iterator[Task],
+    skip: int,
+    fd: int,
+) -> None:
+    """The child's whole life: it never returns, and runs none of the parent's cleanup."""
+    try:
+        _alone(parent)
+        for _ in range(skip):
+            next(tasks, None)
+        chunk: list[bytes] = []
+        size = 0
+        for task in tasks:
+            result = found(task.key)
+            made = lane.line_of(task, result[0], opening(task)) if result is not None else None
+            if result is None or made is None:
+                chunk.append(_RECORD.pack(DECLINED, 0, 0, False))
+                continue
+            chunk += (_RECORD.pack(len(made[0]), made[1], made[2], result[1]), made[0])
+            size += len(made[0])
+            if size >= _CHUNK:
+                _write_all(fd, b"".join(chunk))
+                chunk, size = [], 0
+        _write_all(fd, b"".join(chunk))
+    except BaseException:
+        os._exit(1)
+    os._exit(0)
+
+
+def _alone(parent: int) -> None:
+    """Signals end the child at once; the parent's death ends it too."""
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, signal.SIG_DFL)
+    with contextlib.suppress(ValueError):
+        signal.set_wakeup_fd(-1)  # never wake the parent's event loop
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(1)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
