@@ -11,7 +11,10 @@ memory it adds over what the stage held when it began (the exam and the answers,
 judge whichever road it takes); the whole command's time and peak are printed beside. Targets:
 shards ÷ read_csv ≤ 2, merge ÷ read_csv ≤ 3, each peak ≤ that of `stats` at the same rows.
 
-Beside them, each road's floor (measure_floor): its essential steps alone in a tight loop.
+The merge forks a child a spare core (stages/forked.py); its figure counts the children's
+memory, the pages they copied, beside this process's. The same merge in one process is timed
+again after it, to say what the children gain. Beside them, each road's floor
+(measure_floor): its essential steps alone in a tight loop, in one process.
 
 Part 2, at --compare rows: the same exam judged on the unit scale (the test server's grades)
 through the test server's Batch API and through the sync road: calls and tokens identical, cost
@@ -51,14 +54,28 @@ def _rss_mb() -> float:
     return 0.0
 
 
-def measure_road(run: Path, files: Path, trace: bool = False) -> None:
+def measure_road(run: Path, files: Path, trace: bool = False, alone: bool = False) -> None:
     """In a fresh process: `ragexam judge --batch-dir`, the road's own seconds and peak
-    (with `trace`, and slower: the peak of what the road allocated, by tracemalloc)."""
+    (with `trace`, and slower: the peak of what the road allocated, by tracemalloc; with
+    `alone`, in this process only: no forked child reads results on another core).
+
+    The children's memory is what the machine lost to the road beside this process's own:
+    the fall of MemAvailable while it ran, less this process's growth (their copies of the
+    pages they wrote to; the pages they only read are this process's)."""
     import ragexam
     from ragexam.errors import BatchPending
-    from ragexam.stages import batch
+    from ragexam.stages import batch, forked
 
     real, figures = batch.drive, {}
+    if alone:
+        forked.ROWS_TO_FORK = 1 << 62
+    start, made = forked.Child.start, []
+
+    def counted(*args: Any) -> Any:
+        made.append(start(*args))
+        return made[-1]
+
+    forked.Child.start = counted  # type: ignore[method-assign]
 
     async def drive(*args: Any) -> None:
         figures["reading_mb"] = _maxrss_mb()  # the peak before the road: reading the inputs
@@ -66,8 +83,12 @@ def measure_road(run: Path, files: Path, trace: bool = False) -> None:
         before, started = _rss_mb(), time.perf_counter()
         if trace:
             tracemalloc.start()
-        await real(*args)
-        figures.update(seconds=time.perf_counter() - started, mb=_maxrss_mb() - before)
+        with _available_low() as low:
+            await real(*args)
+        mb = _maxrss_mb() - before
+        children = max(low[1] - low[0] - mb, 0.0) if made else 0.0
+        seconds = time.perf_counter() - started
+        figures.update(seconds=seconds, mb=mb, children=len(made), children_mb=children)
         if trace:  # what the road allocated at its peak, whether or not the RSS had room
             figures["traced_mb"] = tracemalloc.get_traced_memory()[1] / 2**20
             tracemalloc.stop()
@@ -79,6 +100,32 @@ def measure_road(run: Path, files: Path, trace: bool = False) -> None:
     peak = max(_maxrss_mb(), figures.pop("reading_mb", 0.0))
     whole = {"whole_seconds": time.perf_counter() - started, "whole_mb": peak - floor}
     print(json.dumps({**figures, **whole}))
+
+
+@contextlib.contextmanager
+def _available_low() -> Any:
+    """[lowest, first] MemAvailable (MB) while the block runs, sampled every 20 ms."""
+    import threading
+
+    def available() -> float:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    low, done = [available()] * 2, threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.02):
+            low[0] = min(low[0], available())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield low
+    finally:
+        done.set()
+        sampler.join()
 
 
 def _forget_peak() -> None:
@@ -262,13 +309,13 @@ def part_one(folder: Path, rows: int, trace: bool) -> None:
     merge = child("road", run, files)
     _say(f"merging {lines:,} result lines", merge)
     floor = child("floor", run, files)  # each road's essential steps alone, on the same rows
+    _again(run, files)
+    alone = child("road-alone", run, files)  # the same merge, in one process: no child
+    _say("the same, in one process", alone)
     print(f"{'floor: the shards':<34} {floor['shards']:7.2f} s")
     print(f"{'floor: the merge':<34} {floor['merge']:7.2f} s", flush=True)
     if trace:  # again, each under tracemalloc: what the road itself allocates at its peak
-        for old in (run / "batches", files):
-            shutil.rmtree(old, ignore_errors=True)
-        for old in (run / "judgments.csv", run / "manifest.json"):
-            old.unlink(missing_ok=True)
+        _again(run, files, shards=False)
         traced = child("trace", run, files)["traced_mb"]
         answer_everything(files)
         merged = child("trace", run, files)["traced_mb"]
@@ -277,11 +324,28 @@ def part_one(folder: Path, rows: int, trace: bool) -> None:
     print(f"stats peak RSS +{stats_mb:.0f} MB (bench_stats' run at {rows:,} rows)")
     print(f"shards / read_csv = {shards['seconds'] / read['seconds']:.2f} (target <= 2)")
     print(f"merge  / read_csv = {merge['seconds'] / read['seconds']:.2f} (target <= 3)")
-    print(f"peaks: shards +{shards['mb']:.0f} MB, merge +{merge['mb']:.0f} MB (target <= stats)")
+    print(f"merge in one process / read_csv = {alone['seconds'] / read['seconds']:.2f}")
+    together = merge["mb"] + merge.get("children_mb", 0.0)
+    print(
+        f"peaks: shards +{shards['mb']:.0f} MB, merge +{merge['mb']:.0f} MB and its children "
+        f"+{merge.get('children_mb', 0.0):.0f} MB, +{together:.0f} MB in all (target <= stats)"
+    )
     print(
         f"floors / read_csv: shards {floor['shards'] / read['seconds']:.2f}, "
         f"merge {floor['merge'] / read['seconds']:.2f}"
     )
+
+
+def _again(run: Path, files: Path, shards: bool = True) -> None:
+    """The run folder as before the shards were written (and, with `shards`, as before the
+    merge: its shards written again and every request answered)."""
+    for old in (run / "batches", files):
+        shutil.rmtree(old, ignore_errors=True)
+    for old in (run / "judgments.csv", run / "manifest.json"):
+        old.unlink(missing_ok=True)
+    if shards:
+        child("road", run, files)
+        answer_everything(files)
 
 
 def _say(what: str, figures: dict[str, float]) -> None:
@@ -290,8 +354,14 @@ def _say(what: str, figures: dict[str, float]) -> None:
         if "whole_seconds" in figures
         else ""
     )
+    children = (
+        f"; {figures['children']:.0f} forked, +{figures['children_mb']:.0f} MB"
+        if figures.get("children")
+        else ""
+    )
     print(
-        f"{what:<34} {figures['seconds']:7.2f} s  peak +{figures['mb']:5.0f} MB{whole}", flush=True
+        f"{what:<34} {figures['seconds']:7.2f} s  peak +{figures['mb']:5.0f} MB{children}{whole}",
+        flush=True,
     )
 
 
@@ -330,7 +400,8 @@ def main() -> None:
             return measure_read(Path(paths[0]))
         if action == "floor":
             return measure_floor(Path(paths[0]), Path(paths[1]))
-        return measure_road(Path(paths[0]), Path(paths[1]), trace=action == "trace")
+        trace, alone = action == "trace", action == "road-alone"
+        return measure_road(Path(paths[0]), Path(paths[1]), trace=trace, alone=alone)
     with tempfile.TemporaryDirectory() as tmp:
         part_one(args.folder or Path(tmp), args.rows, args.trace)
     if args.compare:  # --compare 0: part one alone
