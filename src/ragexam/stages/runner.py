@@ -64,9 +64,9 @@ RAW_LIMIT = 2000
 REASON_LIMIT = 300  # characters of an error reason the summary counts and shows
 
 
-@dataclass(frozen=True, slots=True)
-class Task:
-    """One row to do: its key, the columns known up front, and what the work needs."""
+class Task(NamedTuple):
+    """One row to do: its key, the columns known up front, and what the work needs (a tuple:
+    made a million times, in half the time of a frozen dataclass)."""
 
     key: str
     known: Mapping[str, Any]
