@@ -311,6 +311,17 @@ class LLM:
             return None
         return Reply(value, prompt_tokens, completion_tokens, 1, 0.0, content)
 
+    def shape(self) -> tuple[Any, ...]:
+        """What a call's first request and the reading of its reply hang on beside the
+        call: the structured-output method, the reply bound's field, where the system
+        message goes, and whether replies are still looked at for how it is billed."""
+        return (
+            self.choice.method,
+            self.bound.field,
+            self.system_as_user,
+            self.system_check.looking,
+        )
+
     def reads_directly(self, url: str) -> bool:
         """Whether a plain completion to this URL may be read without langchain's reader: a
         chat call, under a method that replies in text, its usage not wanted to check how the

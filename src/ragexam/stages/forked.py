@@ -39,7 +39,7 @@ MAX_CHILDREN = 7
 # What a row costs a child, of what it costs the parent, which also writes it and counts it
 # (bench_batch at a million rows: a child's share ended as the parent's did at this ratio).
 CHILD_COST = 0.9
-_RECORD = struct.Struct("<IQQ?")  # a line's length (DECLINED: the child read none), tokens
+_RECORD = struct.Struct("<Iqq?")  # a line's length (DECLINED: the child read none), tokens
 DECLINED = 0xFFFFFFFF
 _CHUNK = 1 << 20
 _PR_SET_PDEATHSIG = 1
@@ -86,24 +86,40 @@ class Child:
         tasks: Iterator[Task],
         rows: tuple[int, int],
         folder: Path,
-    ) -> Child | None:
-        """Fork a child that skips rows[0] of the tasks and makes the lines of rows[1]."""
-        folder.mkdir(parents=True, exist_ok=True)
-        # unnamed, so nothing is left on any exit; closed by `stop`, as it outlives this call
-        output = tempfile.TemporaryFile(dir=folder)  # noqa: SIM115
+        into: list[Child | None],
+    ) -> None:
+        """Fork a child that skips rows[0] of the tasks and makes the lines of rows[1], and
+        put it `into` the list of those to stop (before a signal that waited can be raised
+        here); None when the machine has no room for one: the parent does its rows."""
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            # unnamed, so nothing is left on any exit; closed by `stop`: it outlives this call
+            output = tempfile.TemporaryFile(dir=folder)  # noqa: SIM115
+        except OSError:
+            into.append(None)
+            return
         parent = os.getpid()
         froze = not gc.get_freeze_count()  # the command line froze its own at its start
         gc.freeze()  # no collection writes to what both processes hold: pages stay shared
-        with warnings.catch_warnings():  # 3.12+: a process with threads; the child takes no lock
-            warnings.simplefilter("ignore", DeprecationWarning)
-            try:
+        # until the child has its own handlers, Ctrl-C and SIGTERM wait: the parent's would
+        # run the parent's way out (its files written, its event loop closed) in the child
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            with warnings.catch_warnings():  # 3.12+: threads; the child takes no lock
+                warnings.simplefilter("ignore", DeprecationWarning)
                 pid = os.fork()
-            except OSError:  # no memory or no process left for it: the parent does every row
-                cls(0, output, froze).stop()
-                return None
-        if pid == 0:
-            _child(parent, lane, found, opening, islice(tasks, sum(rows)), rows[0], output.fileno())
-        return cls(pid, output, froze)
+            if pid == 0:
+                try:
+                    _alone(parent, mask)
+                    _child(lane, found, opening, islice(tasks, sum(rows)), rows[0], output)
+                finally:
+                    os._exit(1)
+            into.append(cls(pid, output, froze))
+        except OSError:  # no memory or no process left for it
+            cls(0, output, froze).stop()
+            into.append(None)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def lines(self) -> Iterator[tuple[bytes, int, int, bool] | None] | None:
         """Once the child has ended: (line, prompt and completion tokens, fresh) of each of
@@ -127,8 +143,8 @@ class Child:
                 os.waitpid(self.pid, 0)
             self.pid = 0
         self.output.close()
-        if self.froze:  # what this froze is collected again, as before
-            gc.unfreeze()
+        if self.froze:  # what this froze is collected again (the command line unfreezes
+            gc.unfreeze()  # what it froze, and all frozen since, as it ends)
             self.froze = False
 
 
@@ -146,17 +162,11 @@ def _records(data: mmap.mmap) -> Iterator[tuple[bytes, int, int, bool] | None]:
 
 
 def _child(
-    parent: int,
-    lane: Lane,
-    found: Found,
-    opening: Opening,
-    tasks: Iterator[Task],
-    skip: int,
-    fd: int,
+    lane: Lane, found: Found, opening: Opening, tasks: Iterator[Task], skip: int, output: IO[bytes]
 ) -> None:
     """The child's whole life: it never returns, and runs none of the parent's cleanup."""
+    fd = output.fileno()
     try:
-        _alone(parent)
         for _ in range(skip):
             next(tasks, None)
         chunk: list[bytes] = []
@@ -178,12 +188,14 @@ def _child(
     os._exit(0)
 
 
-def _alone(parent: int) -> None:
-    """Signals end the child at once; the parent's death ends it too."""
-    for number in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(number, signal.SIG_DFL)
+def _alone(parent: int, mask: set[int | signal.Signals]) -> None:
+    """The child's own signals: Ctrl-C, which reaches the parent too, is the parent's to act
+    on (it ends the child); SIGTERM ends it at once; and so does the parent's death."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     with contextlib.suppress(ValueError):
         signal.set_wakeup_fd(-1)  # never wake the parent's event loop
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # it died before the line above

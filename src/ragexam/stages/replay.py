@@ -17,6 +17,7 @@ and a row's results are read from disk when its turn comes.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections import Counter
@@ -276,6 +277,7 @@ class Pass:
         # the model the results no row uses were asked of, when not this run's: billed at its price
         self.asked_of: str | None = None
         self.counted = False  # the road counted the pass's figures in its own
+        self._rows_done = 0
 
     @property
     def carried(self) -> bool:
@@ -309,6 +311,14 @@ class Pass:
         handled, known = self._directly(task)
         if not handled:
             await self._row(task, known)
+        await self._breathe()
+
+    async def _breathe(self) -> None:
+        """Let the event loop run now and then: rows done directly await nothing, and a
+        Ctrl-C (a cancel of the stage's task) takes effect within a thousand of them."""
+        self._rows_done += 1
+        if not self._rows_done & 1023:
+            await asyncio.sleep(0)
 
     async def _rows(self, tasks: Iterator[Task], count: int | None) -> None:
         """Do the rows; once the bulk lane reads rows, with many left, the last ones are read
@@ -325,36 +335,44 @@ class Pass:
             return
         assert self.lane is not None and self.opens is not None and left is not None
         mine, *theirs = shares(left, children)
-        made, skip = [], mine
+        made: list[Child | None] = []  # a child a share (None: it could not be made)
+        shape = self.llm.shape()  # what the children read their rows by
         try:
-            for rows in theirs:
-                child = Child.start(
-                    self.lane,
-                    self.index.single,
-                    self.opens.opening,
-                    tasks,
-                    (skip, rows),
-                    self.files,
-                )
-                made.append((child, rows))
-                skip += rows
+            for number, rows in enumerate(theirs):
+                place = (mine + sum(theirs[:number]), rows)
+                found, opening = self.index.single, self.opens.opening
+                Child.start(self.lane, found, opening, tasks, place, self.files, made)
             for task in islice(tasks, mine):
                 await self._one(task)
-            for child, rows in made:
-                await self._adopt_all(child, islice(tasks, rows))
+            for child, rows in zip(made, theirs, strict=True):
+                await self._adopt_all(child, islice(tasks, rows), shape)
             for task in tasks:  # none left, unless the plan made more rows than it counted
                 await self._one(task)
         finally:
-            for child, _ in made:
+            for child in made:
                 if child is not None:
                     child.stop()
 
-    async def _adopt_all(self, child: Child | None, tasks: Iterator[Task]) -> None:
-        """Write a child's rows from the lines it made; those it did not make (all, when it
-        failed) are done here."""
-        for line, task in zip((child.lines() if child else None) or (), tasks, strict=False):
+    async def _adopt_all(
+        self, child: Child | None, tasks: Iterator[Task], shape: tuple[Any, ...]
+    ) -> None:
+        """Write a child's rows from the lines it made, while its rows are read as this
+        process reads them (a result's refusal of the structured-output method, say, changes
+        what the rows after it ask); the others (all, when it failed) are done here."""
+        try:
+            lines = child.lines() if child is not None else None
+        finally:
+            if child is not None:
+                child.stop()
+        for line, task in zip(
+            lines or () if self.llm.shape() == shape else (), tasks, strict=False
+        ):
             if line is None or not self._adopt(task, line):
                 await self._one(task)
+                if self.llm.shape() != shape:
+                    break  # the child's next lines were made as the rows no longer are
+            else:
+                await self._breathe()
         for task in tasks:
             await self._one(task)
 
