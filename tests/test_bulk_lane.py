@@ -153,17 +153,27 @@ def test_forked_children_read_the_last_rows_and_the_file_is_the_same(
     assert adopted[True] == sum(1 for i in theirs if i % 10 != 7 and i % 6 != 5)  # plain ones
 
 
+def exits(*args: Any) -> None:
+    os._exit(3)
+
+
+def interrupted(*args: Any) -> None:
+    """As Ctrl-C or SIGTERM would, through the parent's handlers, had they not waited."""
+    raise KeyboardInterrupt
+
+
 @LINUX
-def test_a_child_that_fails_leaves_its_rows_to_the_parent(
-    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("child", [exits, interrupted])
+def test_a_child_that_fails_leaves_its_rows_to_the_parent_and_runs_none_of_its_way_out(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, child: Any
 ) -> None:
     env.responder = grades
     n = 80
     alone = merged(env, tmp_path / "alone", n)
     many(monkeypatch)
-    monkeypatch.setattr(forked, "_child", lambda *args: os._exit(3))
+    monkeypatch.setattr(forked, "_child", child)
     children = counting(monkeypatch, forked.Child, "lines")
-    assert merged(env, tmp_path / "failed", n) == alone
+    assert merged(env, tmp_path / "failed", n) == alone  # no row lost, none written twice
     assert children == Counter({False: 1})  # it was made, and failed
 
 
@@ -292,23 +302,6 @@ def test_children_read_no_row_once_this_process_asks_otherwise(
     assert merged(env, tmp_path / "forked", n) == alone  # rows of the children's asked again
     assert asked(tmp_path / "forked") == asked(tmp_path / "alone")
     assert len(asked(tmp_path / "alone")) > n / 2 and children[True] == 2
-
-
-@LINUX
-def test_a_signal_in_a_child_before_its_own_handlers_runs_none_of_the_parents_way_out(
-    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """As Ctrl-C or SIGTERM would, through the parent's handlers, had they not waited."""
-    env.responder = grades
-    n = 80
-    alone = merged(env, tmp_path / "alone", n)
-    many(monkeypatch)
-
-    def interrupted(*args: Any) -> None:
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(forked, "_child", interrupted)
-    assert merged(env, tmp_path / "forked", n) == alone  # no row written twice
 
 
 CTRL_C_SOON = """
