@@ -20,6 +20,7 @@ from support import (
     questions,
     ranked_questions,
     read_csv,
+    run_batch_files,
     run_cli,
 )
 
@@ -208,13 +209,18 @@ def test_a_2xx_that_is_not_200_is_read_as_a_reply_and_its_error_is_an_error_row(
     assert rows["q0"]["status"] == rows["q2"]["status"] == "ok"
 
 
+# Half of a character: a valid JSON escape, no character UTF-8 can write (it crashed a stage).
+LONE_SURROGATE = '{"reasoning": "\\ud800", "completeness": 1, "conciseness": 1}'
+
+
 @pytest.mark.parametrize(
     ("content", "reason"),
     [
         ('{"reasoning": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deep"),
         ('{"reasoning": "r", "completeness": 1' + "0" * 5000 + ', "conciseness": 1}', "too long"),
+        (LONE_SURROGATE, "a lone surrogate"),
     ],
-    ids=["deep", "long number"],
+    ids=["deep", "long number", "lone surrogate"],
 )
 def test_a_structured_reply_json_cannot_read_is_re_asked_then_an_error_row(
     env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str, reason: str
@@ -250,3 +256,23 @@ def test_content_as_a_list_of_parts_is_read_as_its_text(
     assert [(row["status"], row["completeness"], row["attempts"]) for row in rows] == [
         ("ok", "1.0", "1")
     ] * 3
+
+
+def test_a_batch_result_holding_a_lone_surrogate_is_re_asked_then_an_error_row(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "1")
+    exam(tmp_path / "run", 3)
+    env.responder = lambda body: (
+        Reply(content=LONE_SURROGATE) if "Answer #1." in str(body) else None
+    )
+    judge = ("judge", "--out", "run", "--controls", "0", "--batch-dir", "files")
+    judge += ("--max-error-rate", "0.5")
+    assert run_cli(*judge).exit_code == 75
+    for _ in range(2):  # the first results, then the re-ask's
+        run_batch_files(env, tmp_path / "files")
+        result = run_cli(*judge)
+    assert result.exit_code == 0, result.output
+    rows = {row["qa_id"]: row for row in read_csv(tmp_path / "run" / "judgments.csv")}
+    assert rows["q1"]["status"] == "error" and "a lone surrogate" in rows["q1"]["error"]
+    assert rows["q1"]["attempts"] == "2" and rows["q0"]["status"] == rows["q2"]["status"] == "ok"

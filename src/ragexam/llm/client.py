@@ -52,6 +52,7 @@ from ragexam.llm.structured import (
     MethodRefused,
     content_of,
     cut_off,
+    lone_surrogate,
     parse_structured,
     reask,
     schema_tokens,
@@ -306,8 +307,11 @@ class LLM:
             return None
         content, prompt_tokens, completion_tokens = found
         try:
-            value = call.schema.model_validate(tolerant_json(content))
+            candidate = tolerant_json(content)
+            value = call.schema.model_validate(candidate)
         except (OutputError, ValidationError):
+            return None
+        if lone_surrogate(candidate, content):  # invalid: the whole way re-asks it
             return None
         return Reply(value, prompt_tokens, completion_tokens, 1, 0.0, content)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import cache
@@ -36,14 +37,24 @@ def parse_structured(raw: AIMessage, schema: type[M], limit: int | None = None) 
     """Validate a reply against `schema`, from a tool call or from JSON in the text."""
     if raw.response_metadata.get("finish_reason") == "length":
         raise cut_off(raw, limit)
+    text: str | None = None  # what the value was read from (a tool call's: already read)
     if raw.tool_calls:
         candidate: Any = raw.tool_calls[0]["args"]
     elif raw.invalid_tool_calls:
         if limit and _written(raw) >= limit:  # llama.cpp says "tool_calls" even when cut
             raise cut_off(raw, limit)
-        candidate = tolerant_json(raw.invalid_tool_calls[0].get("args") or "", raw)
+        text = raw.invalid_tool_calls[0].get("args") or ""
+        candidate = tolerant_json(text, raw)
     else:
-        candidate = tolerant_json(content_of(raw), raw)
+        text = content_of(raw)
+        candidate = tolerant_json(text, raw)
+    unwritable = lone_surrogate(candidate, text)
+    if unwritable:
+        raise output_error(unwritable, raw)
+    return _validated(schema, candidate, raw)
+
+
+def _validated(schema: type[M], candidate: Any, raw: AIMessage) -> M:
     try:
         return schema.model_validate(candidate)
     except ValidationError as exc:
@@ -51,6 +62,28 @@ def parse_structured(raw: AIMessage, schema: type[M], limit: int | None = None) 
             f"{'.'.join(map(str, e['loc'])) or 'reply'}: {e['msg']}" for e in exc.errors()
         )
         raise output_error(f"the reply failed validation: {problems}", raw) from None
+
+
+# A character no UTF-8 file can hold, or a JSON escape that may make one.
+_SURROGATE = re.compile(r"[\ud800-\udfff]|\\u[dD][89a-fA-F]")
+
+
+def lone_surrogate(value: Any, text: str | None = None) -> str | None:
+    """Why a reply's JSON value cannot be written (a lone surrogate in one of its strings:
+    "\\ud800" is half of a character, which UTF-8 has no bytes for), else None. With the
+    `text` it was read from, a text that holds no surrogate nor its escape is not looked into."""
+    if text is not None and not _SURROGATE.search(text):
+        return None
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (
+            f"the reply holds {exc.object[exc.start : exc.end]!a}, half of a character "
+            "(a lone surrogate), which no UTF-8 file can hold"
+        )
+    except (TypeError, ValueError):  # not JSON data: validation says what it is
+        return None
+    return None
 
 
 def _written(raw: AIMessage) -> int:
