@@ -179,7 +179,7 @@ class _Behind:
 
     def _send(self) -> None:
         if self._chunk:
-            self._sent.append(self._pool.submit(_write_all, self._fd, b"".join(self._chunk)))
+            self._sent.append(self._pool.submit(write_all, self._fd, b"".join(self._chunk)))
             self._chunk, self._size = [], 0
         while self._sent and (len(self._sent) > self.AHEAD or self._sent[0].done()):
             self._sent.popleft().result()  # a failed write (no space) raises its OSError here
@@ -203,7 +203,8 @@ class _Behind:
             os.close(fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte of `data` to a file descriptor (os.write may take fewer)."""
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]

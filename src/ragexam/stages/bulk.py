@@ -4,7 +4,7 @@ The commonest judge row on the batch road has one result, for its first call, as
 body its values render now, a plain completion whose text is a JSON grade that validates. The
 direct lane (replay.py's `Pass._opened`) reads it through the objects every road shares:
 a `Known`, an `Answer`, a `Reply`, a `Sample`, a row of values and the runner's CSV encoder,
-~40 µs a row. This lane reads the same result into the same CSV line in a quarter of that:
+~40 µs a row. This lane reads the same result into the same CSV line in about half that:
 the line is a template of the row's cells, learned from a row the direct lane wrote, with
 only the cells that differ from row to row (the key, the grades, the input hash, the
 tokens) put in.

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import gc
 import mmap
 import os
 import signal
@@ -31,6 +30,7 @@ from itertools import islice
 from pathlib import Path
 from typing import IO, Any
 
+from ragexam.io.batchfiles import write_all
 from ragexam.stages.bulk import Lane
 from ragexam.stages.runner import Task
 
@@ -74,8 +74,8 @@ def shares(left: int, children: int) -> list[int]:
 class Child:
     """A forked child making the lines of the last rows of a pass."""
 
-    def __init__(self, pid: int, output: IO[bytes], froze: bool) -> None:
-        self.pid, self.output, self.froze = pid, output, froze
+    def __init__(self, pid: int, output: IO[bytes]) -> None:
+        self.pid, self.output = pid, output
 
     @classmethod
     def start(
@@ -99,8 +99,6 @@ class Child:
             into.append(None)
             return
         parent = os.getpid()
-        froze = not gc.get_freeze_count()  # the command line froze its own at its start
-        gc.freeze()  # no collection writes to what both processes hold: pages stay shared
         # until the child has its own handlers, Ctrl-C and SIGTERM wait: the parent's would
         # run the parent's way out (its files written, its event loop closed) in the child
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
@@ -114,9 +112,9 @@ class Child:
                     _child(lane, found, opening, islice(tasks, sum(rows)), rows[0], output)
                 finally:
                     os._exit(1)
-            into.append(cls(pid, output, froze))
+            into.append(cls(pid, output))
         except OSError:  # no memory or no process left for it
-            cls(0, output, froze).stop()
+            cls(0, output).stop()
             into.append(None)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -143,9 +141,6 @@ class Child:
                 os.waitpid(self.pid, 0)
             self.pid = 0
         self.output.close()
-        if self.froze:  # what this froze is collected again (the command line unfreezes
-            gc.unfreeze()  # what it froze, and all frozen since, as it ends)
-            self.froze = False
 
 
 def _records(data: mmap.mmap) -> Iterator[tuple[bytes, int, int, bool] | None]:
@@ -177,12 +172,16 @@ def _child(
             if result is None or made is None:
                 chunk.append(_RECORD.pack(DECLINED, 0, 0, False))
                 continue
-            chunk += (_RECORD.pack(len(made[0]), made[1], made[2], result[1]), made[0])
-            size += len(made[0])
+            line = made.line
+            chunk += (
+                _RECORD.pack(len(line), made.prompt_tokens, made.completion_tokens, result[1]),
+                line,
+            )
+            size += len(line)
             if size >= _CHUNK:
-                _write_all(fd, b"".join(chunk))
+                write_all(fd, b"".join(chunk))
                 chunk, size = [], 0
-        _write_all(fd, b"".join(chunk))
+        write_all(fd, b"".join(chunk))
     except BaseException:
         os._exit(1)
     os._exit(0)
@@ -200,9 +199,3 @@ def _alone(parent: int, mask: set[int | signal.Signals]) -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # it died before the line above
         os._exit(1)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]

@@ -365,7 +365,7 @@ class Pass:
             if child is not None:
                 child.stop()
         for line, task in zip(
-            lines or () if self.llm.shape() == shape else (), tasks, strict=False
+            (lines or ()) if self.llm.shape() == shape else (), tasks, strict=False
         ):
             if line is None or not self._adopt(task, line):
                 await self._one(task)
