@@ -161,6 +161,21 @@ def test_forked_children_read_the_last_rows_and_the_file_is_the_same(
     assert adopted[True] == sum(1 for i in theirs if i % 10 != 7 and i % 6 != 5)  # plain ones
 
 
+@LINUX
+@pytest.mark.parametrize(("available", "children"), [(599, 0), (1_200, 2)])
+def test_children_are_forked_only_as_the_free_memory_takes_them(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, available: int, children: int
+) -> None:
+    """Each child is given the parent's resident size, the most it can copy: 599 kB free
+    beside a 600 kB parent takes none, 1,200 kB two of the three spare cores' children."""
+    env.responder = grades
+    n = 80
+    alone, made = alone_then_many(env, tmp_path, monkeypatch, n, cores=4)
+    monkeypatch.setattr(forked, "memory", lambda: (available, 600))
+    assert merged(env, tmp_path / "forked", n) == alone
+    assert made == (Counter({True: children}) if children else Counter())
+
+
 def exits(*args: Any) -> None:
     os._exit(3)
 

@@ -323,12 +323,12 @@ class Pass:
     async def _rows(self, tasks: Iterator[Task], count: int | None) -> None:
         """Do the rows; once the bulk lane reads rows, with many left, the last ones are read
         by forked children, a share each (forked.py), while this process does the first."""
-        left, children = count, 0
+        left, children, asked = count, 0, False
         for task in tasks:
             await self._one(task)
             left = None if left is None else left - 1
-            if left is not None and self.lane is not None and self.lane.ready:
-                children = children_for(left)
+            if not asked and left is not None and self.lane is not None and self.lane.ready:
+                children, asked = children_for(left), True  # once: fewer rows are left later
                 if children:
                     break
         else:
