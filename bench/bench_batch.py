@@ -59,9 +59,11 @@ def measure_road(run: Path, files: Path, trace: bool = False, alone: bool = Fals
     (with `trace`, and slower: the peak of what the road allocated, by tracemalloc; with
     `alone`, in this process only: no forked child reads results on another core).
 
-    The children's memory is what the machine lost to the road beside this process's own:
-    the fall of MemAvailable while it ran, less this process's growth (their copies of the
-    pages they wrote to; the pages they only read are this process's)."""
+    The children's memory is their private pages (smaps_rollup): the pages they copied from
+    this process by writing to them, and what they allocated; the pages they only read are
+    this process's. `together_mb` is the peak of this process's growth and its children's
+    private memory at the same moment, sampled every 0.3 s (or this process's own peak,
+    when higher)."""
     import ragexam
     from ragexam.errors import BatchPending
     from ragexam.stages import batch, forked
@@ -71,9 +73,9 @@ def measure_road(run: Path, files: Path, trace: bool = False, alone: bool = Fals
         forked.ROWS_TO_FORK = 1 << 62
     start, made = forked.Child.start, []
 
-    def counted(*args: Any) -> Any:
-        made.append(start(*args))
-        return made[-1]
+    def counted(*args: Any) -> None:
+        start(*args)
+        made.append(args[-1][-1])  # the child it put into the list of those to stop
 
     forked.Child.start = counted  # type: ignore[method-assign]
 
@@ -83,12 +85,12 @@ def measure_road(run: Path, files: Path, trace: bool = False, alone: bool = Fals
         before, started = _rss_mb(), time.perf_counter()
         if trace:
             tracemalloc.start()
-        with _available_low() as low:
+        with _sampled(before, made) as peak:
             await real(*args)
-        mb = _maxrss_mb() - before
-        children = max(low[1] - low[0] - mb, 0.0) if made else 0.0
         seconds = time.perf_counter() - started
-        figures.update(seconds=seconds, mb=mb, children=len(made), children_mb=children)
+        mb = _maxrss_mb() - before
+        figures.update(seconds=seconds, mb=mb, children=len(made), children_mb=peak["children"])
+        figures["together_mb"] = max(peak["together"], mb)
         if trace:  # what the road allocated at its peak, whether or not the RSS had room
             figures["traced_mb"] = tracemalloc.get_traced_memory()[1] / 2**20
             tracemalloc.stop()
@@ -103,29 +105,38 @@ def measure_road(run: Path, files: Path, trace: bool = False, alone: bool = Fals
 
 
 @contextlib.contextmanager
-def _available_low() -> Any:
-    """[lowest, first] MemAvailable (MB) while the block runs, sampled every 20 ms."""
+def _sampled(before: float, children: list[Any]) -> Any:
+    """The peak, while the block runs, of the children's private memory (MB), and of this
+    process's growth over `before` and theirs at the same moment."""
     import threading
 
-    def available() -> float:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 1024
-        return 0.0
-
-    low, done = [available()] * 2, threading.Event()
+    peak, done = {"children": 0.0, "together": 0.0}, threading.Event()
 
     def sample() -> None:
-        while not done.wait(0.02):
-            low[0] = min(low[0], available())
+        while not done.wait(0.3):
+            pids = [child.pid for child in children if child is not None and child.pid]
+            if pids:
+                private = sum(_private_mb(pid) for pid in pids)
+                peak["children"] = max(peak["children"], private)
+                peak["together"] = max(peak["together"], _rss_mb() - before + private)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        yield low
+        yield peak
     finally:
         done.set()
         sampler.join()
+
+
+def _private_mb(pid: int) -> float:
+    """A process's private memory (MB): the pages no other process maps."""
+    try:
+        lines = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
+    except OSError:  # it has ended
+        return 0.0
+    fields = ("Private_Clean:", "Private_Dirty:")
+    return sum(int(line.split()[1]) for line in lines if line.startswith(fields)) / 1024
 
 
 def _forget_peak() -> None:
@@ -325,10 +336,10 @@ def part_one(folder: Path, rows: int, trace: bool) -> None:
     print(f"shards / read_csv = {shards['seconds'] / read['seconds']:.2f} (target <= 2)")
     print(f"merge  / read_csv = {merge['seconds'] / read['seconds']:.2f} (target <= 3)")
     print(f"merge in one process / read_csv = {alone['seconds'] / read['seconds']:.2f}")
-    together = merge["mb"] + merge.get("children_mb", 0.0)
     print(
         f"peaks: shards +{shards['mb']:.0f} MB, merge +{merge['mb']:.0f} MB and its children "
-        f"+{merge.get('children_mb', 0.0):.0f} MB, +{together:.0f} MB in all (target <= stats)"
+        f"+{merge.get('children_mb', 0.0):.0f} MB, +{merge['together_mb']:.0f} MB in all at "
+        "once (target <= stats)"
     )
     print(
         f"floors / read_csv: shards {floor['shards'] / read['seconds']:.2f}, "
