@@ -25,6 +25,7 @@ from support import number, read_csv, run_batch_files, run_cli, write_dict_rows
 from ragexam.llm.endpoint import SystemCheck
 from ragexam.stages import forked, judge
 from ragexam.stages.bulk import Lane
+from ragexam.stages.packed import Packed
 from ragexam.stages.replay import Pass
 
 WAITING = 75
@@ -145,16 +146,21 @@ def alone_then_many(
 
 
 @LINUX
-@pytest.mark.parametrize("cores", [2, 4])
+@pytest.mark.parametrize(("cores", "packs"), [(2, True), (4, True), (2, False)])
 def test_forked_children_read_the_last_rows_and_the_file_is_the_same(
-    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cores: int
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cores: int, packs: bool
 ) -> None:
+    """Each process reads its rows packed (packed.py), or, rows that do not pack, as they are."""
     env.responder = grades
     n = 80
     alone, children = alone_then_many(env, tmp_path, monkeypatch, n, cores)
+    if not packs:
+        monkeypatch.setattr(Packed, "of", classmethod(lambda cls, tasks: None))
+    read = counting(monkeypatch, Packed, "rows")  # in this process: its own rows
     adopted = counting(monkeypatch, Pass, "_adopt")
     assert merged(env, tmp_path / "forked", n) == alone
     assert children == Counter({True: cores - 1})  # a child a spare core, each read its rows
+    assert read == (Counter({True: 1}) if packs else Counter())
     left = n - SystemCheck.CALLS - 1  # after the row the lane learned from
     mine = forked.shares(left, cores - 1)[0]
     theirs = range(n - left + mine, n)

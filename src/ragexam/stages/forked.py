@@ -10,6 +10,9 @@ is without a child. The child writes nothing but an unnamed temporary file, and 
 its parent (a kill -9 leaves nothing behind); a child that fails leaves its rows to the
 parent.
 
+The rows of each process, the parent's included, are packed before the fork (packed.py), so
+that none reads the objects they were made from while another maps them.
+
 Linux only (fork, PR_SET_PDEATHSIG), and only with a second core to run on. The child runs
 no code that takes a lock another thread may hold: no logging, printing, nor event loop.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import mmap
 import os
 import signal
@@ -25,13 +29,13 @@ import struct
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable, Iterator
-from itertools import islice
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from ragexam.io.batchfiles import write_all
 from ragexam.stages.bulk import Lane
+from ragexam.stages.packed import Packed
 from ragexam.stages.runner import Task
 
 ROWS_TO_FORK = 20_000  # rows left in a pass below which a child is not worth its start
@@ -39,7 +43,8 @@ MAX_CHILDREN = 7
 # What a row costs a child, of what it costs the parent, which also writes it and counts it
 # (bench_batch at a million rows: a child's share ended as the parent's did at this ratio).
 CHILD_COST = 0.9
-_RECORD = struct.Struct("<Iqq?")  # a line's length (DECLINED: the child read none), tokens
+# a line's length (DECLINED: the child read none), its key's, its tokens and freshness
+_RECORD = struct.Struct("<IIqq?")
 DECLINED = 0xFFFFFFFF
 _CHUNK = 1 << 20
 _PR_SET_PDEATHSIG = 1
@@ -47,6 +52,8 @@ _PR_SET_PDEATHSIG = 1
 # (the row's line, its result line's freshness) from the index, or None
 Found = Callable[[str], "tuple[bytes, bool] | None"]
 Opening = Callable[[Task], Any]
+Share = Packed | Sequence[Task]  # a child's rows: packed, or as they are when they do not pack
+Made = tuple[str, bytes, int, int, bool]  # a row the child read: key, line, tokens, fresh
 
 
 def cores() -> int:
@@ -91,6 +98,17 @@ def _field(path: str, name: str) -> int:
     raise ValueError(f"no {name} in {path}")
 
 
+@contextlib.contextmanager
+def shared() -> Iterator[None]:
+    """While children live: this process's collections pass over the objects it had when it
+    forked them (a collection writes into every object it visits), so their pages stay shared."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def shares(left: int, children: int) -> list[int]:
     """The rows left, shared out so that the parent and each child end together: the
     parent's first, then each child's in turn (the last takes what rounding leaves)."""
@@ -110,14 +128,15 @@ class Child:
         lane: Lane,
         found: Found,
         opening: Opening,
-        tasks: Iterator[Task],
-        rows: tuple[int, int],
+        rows: Share,
+        others: Sequence[Packed],
         folder: Path,
         into: list[Child | None],
     ) -> None:
-        """Fork a child that skips rows[0] of the tasks and makes the lines of rows[1], and
-        put it `into` the list of those to stop (before a signal that waited can be raised
-        here); None when the machine has no room for one: the parent does its rows."""
+        """Fork a child that makes the lines of `rows` (and lets the `others`, the other
+        processes' rows, go), and put it `into` the list of those to stop (before a signal
+        that waited can be raised here); None when the machine has no room for one: the
+        parent does its rows."""
         try:
             folder.mkdir(parents=True, exist_ok=True)
             # unnamed, so nothing is left on any exit; closed by `stop`: it outlives this call
@@ -136,9 +155,14 @@ class Child:
             if pid == 0:
                 try:
                     _alone(parent, mask)
-                    _child(lane, found, opening, islice(tasks, sum(rows)), rows[0], output)
+                    for other in others:
+                        other.drop()
+                    tasks = rows.rows() if isinstance(rows, Packed) else iter(rows)
+                    _child(lane, found, opening, tasks, output)
                 finally:
                     os._exit(1)
+            if isinstance(rows, Packed):
+                rows.drop()  # the child's now
             into.append(cls(pid, output))
         except OSError:  # no memory or no process left for it
             cls(0, output).stop()
@@ -146,9 +170,9 @@ class Child:
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
-    def lines(self) -> Iterator[tuple[bytes, int, int, bool] | None] | None:
-        """Once the child has ended: (line, prompt and completion tokens, fresh) of each of
-        its rows in order, None for a row it did not read; None when it failed."""
+    def lines(self) -> Iterator[Made | None] | None:
+        """Once the child has ended: (key, line, prompt and completion tokens, fresh) of each
+        of its rows in order, None for a row it did not read; None when it failed."""
         _, status = os.waitpid(self.pid, 0)
         self.pid = 0
         if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
@@ -170,40 +194,38 @@ class Child:
         self.output.close()
 
 
-def _records(data: mmap.mmap) -> Iterator[tuple[bytes, int, int, bool] | None]:
+def _records(data: mmap.mmap) -> Iterator[Made | None]:
     at, size = 0, _RECORD.size
     with data:
         while at < len(data):
-            length, prompt, completion, fresh = _RECORD.unpack_from(data, at)
+            length, named, prompt, completion, fresh = _RECORD.unpack_from(data, at)
             at += size
             if length == DECLINED:
                 yield None
                 continue
-            yield data[at : at + length], prompt, completion, fresh
+            key = data[at : at + named].decode("utf-8", "surrogatepass")
+            at += named
+            yield key, data[at : at + length], prompt, completion, fresh
             at += length
 
 
 def _child(
-    lane: Lane, found: Found, opening: Opening, tasks: Iterator[Task], skip: int, output: IO[bytes]
+    lane: Lane, found: Found, opening: Opening, tasks: Iterator[Task], output: IO[bytes]
 ) -> None:
     """The child's whole life: it never returns, and runs none of the parent's cleanup."""
     fd = output.fileno()
     try:
-        for _ in range(skip):
-            next(tasks, None)
         chunk: list[bytes] = []
         size = 0
         for task in tasks:
             result = found(task.key)
             made = lane.line_of(task, result[0], opening(task)) if result is not None else None
             if result is None or made is None:
-                chunk.append(_RECORD.pack(DECLINED, 0, 0, False))
+                chunk.append(_RECORD.pack(DECLINED, 0, 0, 0, False))
                 continue
-            line = made.line
-            chunk += (
-                _RECORD.pack(len(line), made.prompt_tokens, made.completion_tokens, result[1]),
-                line,
-            )
+            line, key = made.line, task.key.encode("utf-8", "surrogatepass")
+            tokens = made.prompt_tokens, made.completion_tokens
+            chunk += (_RECORD.pack(len(line), len(key), *tokens, result[1]), key, line)
             size += len(line)
             if size >= _CHUNK:
                 write_all(fd, b"".join(chunk))

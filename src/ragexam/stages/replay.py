@@ -22,7 +22,6 @@ import os
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, KeysView
-from itertools import islice
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
@@ -45,7 +44,8 @@ from ragexam.llm.client import LLM, Reply
 from ragexam.llm.deferred import Deferred, Known, RowCalls, calls_of
 from ragexam.llm.prompts import Call
 from ragexam.stages.bulk import Bulk, Lane
-from ragexam.stages.forked import Child, children_for, shares
+from ragexam.stages.forked import Child, Made, children_for, shared, shares
+from ragexam.stages.packed import split
 from ragexam.stages.runner import Encoded, Plan, Runner, Task, ok_row
 
 _OFFSET_BITS, _LENGTH_BITS = 40, 32  # a location: file number, offset and length in one int
@@ -334,18 +334,23 @@ class Pass:
         else:
             return
         assert self.lane is not None and self.opens is not None and left is not None
-        mine, *theirs = shares(left, children)
+        (head, packed), *parts = split(tasks, shares(left, children))
+        own: Iterator[Task] = packed.rows() if packed is not None else iter(head)
+        del head  # let go before the fork: a task let go after it writes into what it held
+        packs = [pack for _, pack in parts]
         made: list[Child | None] = []  # a child a share (None: it could not be made)
         shape = self.llm.shape()  # what the children read their rows by
+        found, opening = self.index.single, self.opens.opening
         try:
-            for number, rows in enumerate(theirs):
-                place = (mine + sum(theirs[:number]), rows)
-                found, opening = self.index.single, self.opens.opening
-                Child.start(self.lane, found, opening, tasks, place, self.files, made)
-            for task in islice(tasks, mine):
-                await self._one(task)
-            for child, rows in zip(made, theirs, strict=True):
-                await self._adopt_all(child, islice(tasks, rows), shape)
+            with shared():
+                for part, pack in parts:
+                    others = [p for p in (packed, *packs) if p is not None and p is not pack]
+                    rows = pack or part
+                    Child.start(self.lane, found, opening, rows, others, self.files, made)
+                for task in own:
+                    await self._one(task)
+                for child, (part, _) in zip(made, parts, strict=True):
+                    await self._adopt_all(child, part, shape)
             for task in tasks:  # none left, unless the plan made more rows than it counted
                 await self._one(task)
         finally:
@@ -354,35 +359,39 @@ class Pass:
                     child.stop()
 
     async def _adopt_all(
-        self, child: Child | None, tasks: Iterator[Task], shape: tuple[Any, ...]
+        self, child: Child | None, tasks: list[Task], shape: tuple[Any, ...]
     ) -> None:
         """Write a child's rows from the lines it made, while its rows are read as this
         process reads them (a result's refusal of the structured-output method, say, changes
-        what the rows after it ask); the others (all, when it failed) are done here."""
+        what the rows after it ask); the others (all, when it failed) are done here. A row
+        the child read is written by the key it gives: its task, made before the fork, is
+        read only for a row done here."""
         try:
             lines = child.lines() if child is not None else None
         finally:
             if child is not None:
                 child.stop()
-        for line, task in zip(
-            (lines or ()) if self.llm.shape() == shape else (), tasks, strict=False
-        ):
-            if line is None or not self._adopt(task, line):
-                await self._one(task)
-                if self.llm.shape() != shape:
-                    break  # the child's next lines were made as the rows no longer are
-            else:
+        done = 0
+        for made in (lines or ()) if self.llm.shape() == shape else ():
+            if done == len(tasks):
+                break
+            done += 1
+            if made is not None and self._adopt(made):
                 await self._breathe()
-        for task in tasks:
+                continue
+            await self._one(tasks[done - 1])
+            if self.llm.shape() != shape:
+                break  # the child's next lines were made as the rows no longer are
+        for task in tasks[done:]:
             await self._one(task)
 
-    def _adopt(self, task: Task, made: tuple[bytes, int, int, bool]) -> bool:
+    def _adopt(self, made: Made) -> bool:
         """Write a row whose line the child made, as if the bulk lane had made it here."""
         assert self.lane is not None
-        line, prompt, completion, fresh = made
-        if not self.index.lone(task.key):  # as the child found it: no other way could change it
+        key, line, prompt, completion, fresh = made
+        if not self.index.lone(key):  # as the child found it: no other way could change it
             return False
-        self._wrote(self.lane, task, Encoded(line, prompt, completion), fresh)
+        self._wrote(self.lane, Task(key, {}), Encoded(line, prompt, completion), fresh)
         return True
 
     def _directly(self, task: Task) -> tuple[bool, dict[str, list[Known]]]:
