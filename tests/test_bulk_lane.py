@@ -26,7 +26,6 @@ from ragexam.llm.endpoint import SystemCheck
 from ragexam.stages import forked, judge
 from ragexam.stages.bulk import Lane
 from ragexam.stages.packed import Packed
-from ragexam.stages.replay import Pass
 
 WAITING = 75
 LINUX = pytest.mark.skipif(sys.platform != "linux", reason="children are forked on Linux only")
@@ -157,14 +156,31 @@ def test_forked_children_read_the_last_rows_and_the_file_is_the_same(
     if not packs:
         monkeypatch.setattr(Packed, "of", classmethod(lambda cls, tasks: None))
     read = counting(monkeypatch, Packed, "rows")  # in this process: its own rows
-    adopted = counting(monkeypatch, Pass, "_adopt")
+    adopted: list[int] = []  # rows written at once from the children's lines
+    write_many = Lane.write_many
+
+    def adopting(lane: Lane, rows: Any) -> None:
+        adopted.append(len(rows))
+        write_many(lane, rows)
+
+    monkeypatch.setattr(Lane, "write_many", adopting)
     assert merged(env, tmp_path / "forked", n) == alone
     assert children == Counter({True: cores - 1})  # a child a spare core, each read its rows
     assert read == (Counter({True: 1}) if packs else Counter())
     left = n - SystemCheck.CALLS - 1  # after the row the lane learned from
     mine = forked.shares(left, cores - 1)[0]
     theirs = range(n - left + mine, n)
-    assert adopted[True] == sum(1 for i in theirs if i % 10 != 7 and i % 6 != 5)  # plain ones
+    assert sum(adopted) == sum(1 for i in theirs if i % 10 != 7 and i % 6 != 5)  # plain ones
+    assert figures(tmp_path / "forked") == figures(tmp_path / "alone")  # counted, billed alike
+
+
+def figures(folder: Path) -> dict[str, Any]:
+    """What the judge's record counts and bills, leaving out its times and paths."""
+    stage = json.loads((folder / "run" / "manifest.json").read_text())["stages"]["judge"]
+    counted = ("calls", "tokens_billed", "rows_ok", "rows_error", "prompt_tokens",
+               "completion_tokens", "cost_usd", "structured_output")  # fmt: skip
+    batch = {name: stage["batch"][name] for name in ("results_merged", "results_read")}
+    return {**{name: stage[name] for name in counted}, **batch}
 
 
 @LINUX

@@ -214,10 +214,10 @@ class BarProgress:
         self.bar.start()
         self.started = True
 
-    def advance(self, ok: bool) -> None:
-        """One more row."""
-        self.errors += not ok
-        self.bar.update(self.task, advance=1, errors=self.errors)
+    def advance(self, ok: bool, rows: int = 1) -> None:
+        """More rows, one unless said."""
+        self.errors += 0 if ok else rows
+        self.bar.update(self.task, advance=rows, errors=self.errors)
 
     def stopped_line(self) -> str:
         """What the stage had done when it was stopped: the rows this run wrote."""

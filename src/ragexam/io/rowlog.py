@@ -186,6 +186,16 @@ class RowLog:
         if self._held_bytes >= HELD_BYTES:
             self.flush()
 
+    def append_lines(self, lines: Sequence[bytes]) -> None:
+        """`append_line`, of many rows at once."""
+        if self._held is None:
+            self._write(b"".join(lines))
+            return
+        self._held += lines
+        self._held_bytes += sum(map(len, lines))
+        if self._held_bytes >= HELD_BYTES:
+            self.flush()
+
     def hold(self) -> None:
         """Keep rows in memory until `flush`, or HELD_BYTES of them: one write for thousands
         of rows, for a caller that can make again any row a kill loses (the batch road, whose

@@ -366,10 +366,17 @@ class LLM:
     def booked_tokens(self, prompt: int, completion: int, fresh: bool) -> None:
         """`booked`, of a valid reply read by its tokens alone (the bulk lane's)."""
         if fresh:
-            self.pacer.traffic.calls += 1
-            self.tokens[0] += prompt
-            self.tokens[1] += completion
-        self.choice.succeeded(self.choice.method)
+            self.booked_replies(prompt, completion, 1, 1)
+        else:
+            self.booked_replies(0, 0, 0, 1)
+
+    def booked_replies(self, prompt: int, completion: int, calls: int, replies: int) -> None:
+        """`booked`, of valid replies read by their tokens alone, `calls` of them fresh, whose
+        tokens these are (the bulk lane's, many at a time)."""
+        self.pacer.traffic.calls += calls
+        self.tokens[0] += prompt
+        self.tokens[1] += completion
+        self.choice.succeeded(self.choice.method, replies)
 
     def limit(self, schema: type[BaseModel]) -> int:
         """The bound on a reply of `schema`: what its fields need, within the stage's bound."""

@@ -335,9 +335,9 @@ class MethodChoice:
             if held:
                 self._lock.release()
 
-    def succeeded(self, method: StructuredMethod) -> None:
-        """A call under `method` gave a valid reply: booked as `attempt` and `outcome` book it."""
-        self.outcome(method, valid=True)
+    def succeeded(self, method: StructuredMethod, replies: int = 1) -> None:
+        """Calls under `method` gave valid replies: booked as `attempt` and `outcome` book one."""
+        self.valid[method] = self.valid.get(method, 0) + replies
         self.settled = self.settled or self.method == method
 
     def outcome(self, method: StructuredMethod, valid: bool) -> bool:

@@ -17,7 +17,7 @@ files byte for byte equal on the same results.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -111,6 +111,22 @@ class Lane:
         self.runner.settle(task, made)
         self.llm.booked_tokens(made.prompt_tokens, made.completion_tokens, fresh)
         self.written += 1
+
+    def write_many(self, rows: Sequence[tuple[str, bytes, int, int, bool]]) -> None:
+        """`write`, of many rows made elsewhere (a forked child's): (key, line, prompt and
+        completion tokens, fresh) of each, written at once and counted in all."""
+        prompt = completion = fresh_prompt = fresh_completion = calls = 0
+        for _, _, prompt_tokens, completion_tokens, fresh in rows:
+            prompt += prompt_tokens
+            completion += completion_tokens
+            if fresh:
+                fresh_prompt += prompt_tokens
+                fresh_completion += completion_tokens
+                calls += 1
+        keys, lines = [row[0] for row in rows], [row[1] for row in rows]
+        self.runner.settle_lines(keys, lines, (prompt, completion))
+        self.llm.booked_replies(fresh_prompt, fresh_completion, calls, len(rows))
+        self.written += len(rows)
 
 
 def _valid(schema: type[BaseModel], text: str) -> BaseModel | None:

@@ -49,6 +49,7 @@ from ragexam.stages.packed import split
 from ragexam.stages.runner import Encoded, Plan, Runner, Task, ok_row
 
 _OFFSET_BITS, _LENGTH_BITS = 40, 32  # a location: file number, offset and length in one int
+ADOPTED = 1024  # a child's lines written at once
 
 
 def token(call: int, digest: str) -> int:
@@ -371,28 +372,41 @@ class Pass:
         finally:
             if child is not None:
                 child.stop()
-        done = 0
+        done, run = 0, []  # rows read, and the run of lines adopted not yet written
         for made in (lines or ()) if self.llm.shape() == shape else ():
             if done == len(tasks):
                 break
             done += 1
-            if made is not None and self._adopt(made):
-                await self._breathe()
+            # the row as the child found it, one result: no other way could change that
+            if made is not None and self.index.lone(made[0]):
+                run.append(made)
+                if len(run) == ADOPTED:
+                    self._adopt(run)
+                    run = []
+                    await asyncio.sleep(0)  # a Ctrl-C takes effect between runs
                 continue
+            self._adopt(run)
+            run = []
             await self._one(tasks[done - 1])
             if self.llm.shape() != shape:
                 break  # the child's next lines were made as the rows no longer are
+        self._adopt(run)
         for task in tasks[done:]:
             await self._one(task)
 
-    def _adopt(self, made: Made) -> bool:
-        """Write a row whose line the child made, as if the bulk lane had made it here."""
+    def _adopt(self, run: list[Made]) -> None:
+        """Write rows whose lines a child made, in one write and one count, as if the bulk
+        lane had made them here."""
+        if not run:
+            return
         assert self.lane is not None
-        key, line, prompt, completion, fresh = made
-        if not self.index.lone(key):  # as the child found it: no other way could change it
-            return False
-        self._wrote(self.lane, Task(key, {}), Encoded(line, prompt, completion), fresh)
-        return True
+        self.lane.write_many(run)
+        spend, out = self.index.spend, self.out
+        for key, _, _, _, fresh in run:
+            spend(key, fresh)
+            out.pop(key, None)
+        self.written += len(run)
+        self.read += len(run)
 
     def _directly(self, task: Task) -> tuple[bool, dict[str, list[Known]]]:
         """Take the row's results, and do the row by its first call alone if it can be:

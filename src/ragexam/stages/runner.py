@@ -194,8 +194,8 @@ class Progress(Protocol):
     def start(self, total: int | None, done_before: int) -> None:
         """The run begins: `total` rows to do, if known, beside those already done."""
 
-    def advance(self, ok: bool) -> None:
-        """One row landed."""
+    def advance(self, ok: bool, rows: int = 1) -> None:
+        """Rows landed, one unless said."""
 
     def watch(self, traffic: Traffic) -> None:
         """The counters of the stage's calls (retries, 429s, the current pause), to show."""
@@ -361,15 +361,24 @@ class Runner:
         tokens = (int(row.get("prompt_tokens") or 0), int(row.get("completion_tokens") or 0))
         self._count(ok, *tokens)
 
-    def _count(self, ok: bool, prompt_tokens: int, completion_tokens: int) -> None:
+    def settle_lines(
+        self, keys: Sequence[str], lines: Sequence[bytes], tokens: tuple[int, int]
+    ) -> None:
+        """`settle`, of ok rows already encoded as their lines, in one write and one count:
+        their keys, lines, and prompt and completion tokens in all."""
+        self.log.append_lines(lines)
+        self._count(True, *tokens, rows=len(lines))
+        self._started.update(keys)
+
+    def _count(self, ok: bool, prompt_tokens: int, completion_tokens: int, rows: int = 1) -> None:
         if ok:
-            self.outcome.ok += 1
+            self.outcome.ok += rows
         else:
-            self.outcome.errors += 1
+            self.outcome.errors += rows
         self.outcome.prompt_tokens += prompt_tokens
         self.outcome.completion_tokens += completion_tokens
         if self.progress is not None:
-            self.progress.advance(ok)
+            self.progress.advance(ok, rows)
 
     def _restore_untouched_errors(self) -> None:
         """Error rows of an earlier run that this run did not reach go back in the file."""
