@@ -312,11 +312,8 @@ class Pass:
         handled, known = self._directly(task)
         if not handled:
             await self._row(task, known)
-        await self._breathe()
-
-    async def _breathe(self) -> None:
-        """Let the event loop run now and then: rows done directly await nothing, and a
-        Ctrl-C (a cancel of the stage's task) takes effect within a thousand of them."""
+        # the event loop runs now and then: rows done directly await nothing, and a Ctrl-C
+        # (a cancel of the stage's task) takes effect within a thousand of them
         self._rows_done += 1
         if not self._rows_done & 1023:
             await asyncio.sleep(0)
