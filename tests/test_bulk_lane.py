@@ -8,6 +8,7 @@ with the lane (or the child) taken away; the second run is what ragexam wrote be
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -22,8 +23,10 @@ import pytest
 from openai_server import FakeOpenAI, Reply
 from support import number, read_csv, run_batch_files, run_cli, write_dict_rows
 
+import ragexam
+from ragexam.errors import BatchPending
 from ragexam.llm.endpoint import SystemCheck
-from ragexam.stages import forked, judge
+from ragexam.stages import forked, judge, room
 from ragexam.stages.bulk import Lane
 from ragexam.stages.packed import Packed
 
@@ -77,14 +80,21 @@ def grades(body: dict[str, Any]) -> Reply:
 
 def merged(env: FakeOpenAI, folder: Path, n: int, *options: str) -> bytes:
     """judge --batch-dir on a fresh exam in `folder`, its results written, then merged."""
+    command = answered(env, folder, n, *options)
+    result = run_cli(*command)
+    assert result.exit_code in (0, WAITING), result.output  # the failed lines ask again
+    return (folder / "run" / "judgments.csv").read_bytes()
+
+
+def answered(env: FakeOpenAI, folder: Path, n: int, *options: str) -> tuple[str, ...]:
+    """A fresh exam in `folder` whose judge requests were written and answered: the command
+    that merges them."""
     write_exam(folder / "run", n)
     command = ("judge", "--out", str(folder / "run"), "--controls", "0")
     command += ("--batch-dir", str(folder / "files"), *options)
     assert run_cli(*command).exit_code == WAITING
     run_batch_files(env, folder / "files")
-    result = run_cli(*command)
-    assert result.exit_code in (0, WAITING), result.output  # the failed lines ask again
-    return (folder / "run" / "judgments.csv").read_bytes()
+    return command
 
 
 def counting(monkeypatch: pytest.MonkeyPatch, cls: Any, name: str) -> Counter[Any]:
@@ -193,9 +203,66 @@ def test_children_are_forked_only_as_the_free_memory_takes_them(
     env.responder = grades
     n = 80
     alone, made = alone_then_many(env, tmp_path, monkeypatch, n, cores=4)
-    monkeypatch.setattr(forked, "memory", lambda: (available, 600))
+    monkeypatch.setattr(room, "memory", lambda: (available, 600))
     assert merged(env, tmp_path / "forked", n) == alone
     assert made == (Counter({True: children}) if children else Counter())
+
+
+@LINUX
+def test_no_child_is_forked_when_the_packed_rows_leave_no_room_for_it(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Room for a child before the rows are packed, none after (the parent has grown by its
+    packs): the parent reads every row, as they are."""
+    env.responder = grades
+    n = 80
+    alone, made = alone_then_many(env, tmp_path, monkeypatch, n)
+    asked = iter([(1_000, 600)])  # then 500 kB free: the packs took the rest
+    monkeypatch.setattr(room, "memory", lambda: next(asked, (500, 600)))
+    read = counting(monkeypatch, Packed, "rows")
+    assert merged(env, tmp_path / "forked", n) == alone
+    assert made == Counter() and read == Counter({True: 1})  # its own rows, packed
+
+
+class OldBar:
+    """A user's progress, written to the protocol before `advance` took a count of rows."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+
+    def start(self, total: int | None, done_before: int) -> None:
+        """Nothing to draw."""
+
+    def advance(self, ok: bool) -> None:
+        self.rows += 1
+
+    def watch(self, traffic: Any) -> None:
+        """Nothing to draw."""
+
+    def batches(self, views: Any, note: str) -> None:
+        """Nothing to draw."""
+
+
+@LINUX
+def test_a_progress_that_takes_no_count_is_told_a_childs_rows_one_at_a_time(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env.responder = grades
+    answered(env, tmp_path, 80)
+    many(monkeypatch)
+    children = counting(monkeypatch, forked.Child, "lines")
+    bar = OldBar()
+
+    class Watching(ragexam.Observer):
+        def progress(self, stage: str) -> Any:
+            return contextlib.nullcontext(bar)
+
+    with contextlib.suppress(BatchPending), ragexam.Session(observer=Watching()) as session:
+        ragexam.judge(
+            out=tmp_path / "run", controls=0, batch_dir=tmp_path / "files", session=session
+        )
+    assert children == Counter({True: 1})
+    assert bar.rows == len(read_csv(tmp_path / "run" / "judgments.csv")) > 40
 
 
 def exits(*args: Any) -> None:
@@ -244,11 +311,7 @@ def test_ctrl_c_while_a_child_works_ends_it_and_a_rerun_writes_each_row_once(
     monkeypatch.setattr(forked.Child, "start", started)
     monkeypatch.setattr(Lane, "write", stopped)
     folder = tmp_path / "stopped"
-    write_exam(folder / "run", n)
-    command = ("judge", "--out", str(folder / "run"), "--controls", "0")
-    command += ("--batch-dir", str(folder / "files"))
-    assert run_cli(*command).exit_code == WAITING
-    run_batch_files(env, folder / "files")
+    command = answered(env, folder, n)
     assert run_cli(*command).exit_code == 130
     assert len(pids) == 1
     with pytest.raises(ChildProcessError):  # ended, and reaped: no zombie is left
@@ -401,3 +464,19 @@ def test_ctrl_c_stops_the_merge_soon_and_ends_its_children(env: FakeOpenAI, tmp_
     assert run_cli(*command).exit_code in (0, WAITING)
     rows = read_csv(tmp_path / "run" / "judgments.csv")
     assert len(rows) == len({row["qa_id"] for row in rows}) == n
+
+
+@pytest.mark.parametrize("before", [False, True])
+def test_what_was_frozen_before_children_stays_frozen(before: bool) -> None:
+    """The command line freezes what it built; children unfreeze only what they froze."""
+    import gc
+
+    if before:
+        gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with forked.shared():
+            assert gc.get_freeze_count() >= max(frozen, 1)
+        assert (gc.get_freeze_count() >= frozen > 0) if before else gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()

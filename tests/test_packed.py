@@ -100,3 +100,11 @@ def test_split_takes_the_next_rows_in_parts_and_leaves_the_collector_as_it_was()
     ]
     assert all(pack is not None and list(pack.rows()) == part for part, pack in parts)
     assert next(tasks).key == "q25" and gc.isenabled()
+
+
+def test_bytes_like_fields_do_not_pack() -> None:
+    """marshal writes a bytearray or a memoryview as bytes: it would not come back as it was."""
+    for field in (bytearray(b"x"), memoryview(b"x"), b"x", ["a list"]):
+        tasks = exams(3)
+        changed = tasks[1]._replace(payload=tasks[1].payload._replace(context=field))
+        assert Packed.of([tasks[0], changed, tasks[2]]) is None

@@ -36,6 +36,7 @@ from typing import IO, Any
 from ragexam.io.batchfiles import write_all
 from ragexam.stages.bulk import Lane
 from ragexam.stages.packed import Packed
+from ragexam.stages.room import room
 from ragexam.stages.runner import Task
 
 ROWS_TO_FORK = 20_000  # rows left in a pass below which a child is not worth its start
@@ -66,47 +67,25 @@ def cores() -> int:
 
 def children_for(left: int) -> int:
     """How many children a pass with this many rows left gains from: one a spare core, as
-    many as the machine has memory for."""
+    many as the memory holds (room.py)."""
     if sys.platform != "linux" or left < ROWS_TO_FORK:
         return 0
     return room(min(cores() - 1, MAX_CHILDREN))
 
 
-def room(children: int) -> int:
-    """How many of these children the machine's free memory takes. A page that the parent
-    or a child writes while the other lives is copied, and CPython writes into every object
-    it reads: at a million rows a child came to 890 MB (a third of the parent's 2.9 GB),
-    each process reading its own rows. So each child is given the parent's resident size,
-    the most it can copy; none when that is not known."""
-    try:
-        available, resident = memory()
-    except (OSError, ValueError, IndexError):
-        return 0
-    return min(children, available // max(resident, 1))
-
-
-def memory() -> tuple[int, int]:
-    """The machine's available memory and this process's resident size, in kB (Linux)."""
-    return _field("/proc/meminfo", "MemAvailable:"), _field("/proc/self/status", "VmRSS:")
-
-
-def _field(path: str, name: str) -> int:
-    with Path(path).open(encoding="ascii") as lines:
-        for line in lines:
-            if line.startswith(name):
-                return int(line.split()[1])
-    raise ValueError(f"no {name} in {path}")
-
-
 @contextlib.contextmanager
 def shared() -> Iterator[None]:
     """While children live: this process's collections pass over the objects it had when it
-    forked them (a collection writes into every object it visits), so their pages stay shared."""
+    forked them (a collection writes into every object it visits), so their pages stay shared.
+    What was frozen before (the command line freezes what it built) stays frozen after, and
+    so does what this froze with it: its owner unfreezes it all."""
+    owned = gc.get_freeze_count() == 0
     gc.freeze()
     try:
         yield
     finally:
-        gc.unfreeze()
+        if owned:
+            gc.unfreeze()
 
 
 def shares(left: int, children: int) -> list[int]:
@@ -135,13 +114,17 @@ class Child:
     ) -> None:
         """Fork a child that makes the lines of `rows` (and lets the `others`, the other
         processes' rows, go), and put it `into` the list of those to stop (before a signal
-        that waited can be raised here); None when the machine has no room for one: the
-        parent does its rows."""
+        that waited can be raised here); None when the machine has no room for one, its
+        memory now that the rows are packed included: the parent does its rows."""
         try:
+            if not room(1):
+                raise OSError("no memory for a child")
             folder.mkdir(parents=True, exist_ok=True)
             # unnamed, so nothing is left on any exit; closed by `stop`: it outlives this call
             output = tempfile.TemporaryFile(dir=folder)  # noqa: SIM115
         except OSError:
+            if isinstance(rows, Packed):
+                rows.drop()  # the parent reads the rows as they are
             into.append(None)
             return
         parent = os.getpid()
@@ -161,13 +144,13 @@ class Child:
                     _child(lane, found, opening, tasks, output)
                 finally:
                     os._exit(1)
-            if isinstance(rows, Packed):
-                rows.drop()  # the child's now
             into.append(cls(pid, output))
         except OSError:  # no memory or no process left for it
             cls(0, output).stop()
             into.append(None)
         finally:
+            if isinstance(rows, Packed):
+                rows.drop()  # the child's now, or the parent reads the rows as they are
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def lines(self) -> Iterator[Made | None] | None:

@@ -10,8 +10,8 @@ go as it reads them; a chunk of 32 MiB or more is mapped apart by the allocator 
 musl), so letting it go gives its memory back.
 
 Rows pack when they share their `known` and `late` (the judge's do) and their payloads are
-tuples of one type that marshal writes exactly (strings, numbers, None, and tuples, lists and
-dicts of them): then each is made again equal to what it was.
+tuples of one type whose fields are strings, numbers, booleans or None, which marshal writes
+exactly (it writes a bytearray as bytes): then each is made again equal to what it was.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import gc
 import marshal
 from collections.abc import Callable, Iterator, Sequence
-from itertools import islice
+from itertools import chain, islice
 from typing import Any
 
 from ragexam.stages.runner import Task
@@ -27,6 +27,7 @@ from ragexam.stages.runner import Task
 ROWS = 1024  # rows a chunk holds
 GROUP = 32 << 20  # bytes a group of chunks holds at least: mapped apart, and unmapped when let go
 _VERSION = 2  # marshal's, without references: it writes nothing into what it reads
+_EXACT = frozenset({str, int, float, bool, type(None)})  # the fields that pack
 
 
 def split(tasks: Iterator[Task], sizes: Sequence[int]) -> list[tuple[list[Task], Packed | None]]:
@@ -105,9 +106,11 @@ def _chunk(first: Task, tasks: Sequence[Task]) -> bytes | None:
         t.known is not known or t.late is not late or type(t.payload) is not kind for t in tasks
     ):
         return None
-    try:  # a str subclass, or any object marshal does not write exactly, is refused
+    if not set(map(type, chain.from_iterable(t.payload for t in tasks))) <= _EXACT:
+        return None  # a str subclass, bytes, a container: not always made again as it was
+    try:
         return marshal.dumps([(t.key, tuple(t.payload)) for t in tasks], _VERSION)
-    except ValueError:
+    except ValueError:  # a key of a str subclass
         return None
 
 

@@ -335,6 +335,7 @@ class Pass:
         (head, packed), *parts = split(tasks, shares(left, children))
         own: Iterator[Task] = packed.rows() if packed is not None else iter(head)
         del head  # let go before the fork: a task let go after it writes into what it held
+        await asyncio.sleep(0)  # a Ctrl-C while they were packed stops the pass before a fork
         packs = [pack for _, pack in parts]
         made: list[Child | None] = []  # a child a share (None: it could not be made)
         shape = self.llm.shape()  # what the children read their rows by

@@ -21,6 +21,7 @@ from collections.abc import (
 )
 from contextlib import suppress
 from dataclasses import dataclass, field
+from inspect import signature
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -195,13 +196,26 @@ class Progress(Protocol):
         """The run begins: `total` rows to do, if known, beside those already done."""
 
     def advance(self, ok: bool, rows: int = 1) -> None:
-        """Rows landed, one unless said."""
+        """Rows landed, one unless said (many: a forked child's, on the batch road; a
+        progress whose `advance` takes no count is told them one at a time)."""
 
     def watch(self, traffic: Traffic) -> None:
         """The counters of the stage's calls (retries, 429s, the current pause), to show."""
 
     def batches(self, views: Sequence[Any], note: str) -> None:
         """On the batch road: each batch as the endpoint reports it, and what happens now."""
+
+
+def advance_rows(progress: Progress, ok: bool, rows: int) -> None:
+    """`advance` by many rows at once, or a row at a time for a progress written to the
+    protocol before it took a count (a user's Observer)."""
+    try:
+        signature(progress.advance).bind(ok, rows)
+    except (TypeError, ValueError):
+        for _ in range(rows):
+            progress.advance(ok)
+        return
+    progress.advance(ok, rows)
 
 
 class Runner:
@@ -377,8 +391,12 @@ class Runner:
             self.outcome.errors += rows
         self.outcome.prompt_tokens += prompt_tokens
         self.outcome.completion_tokens += completion_tokens
-        if self.progress is not None:
-            self.progress.advance(ok, rows)
+        if self.progress is None:
+            return
+        if rows == 1:
+            self.progress.advance(ok)
+        else:
+            advance_rows(self.progress, ok, rows)
 
     def _restore_untouched_errors(self) -> None:
         """Error rows of an earlier run that this run did not reach go back in the file."""
