@@ -4,7 +4,7 @@ the very `known` and `late` it shared, and rows that would not come back exactly
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -102,9 +102,17 @@ def test_split_takes_the_next_rows_in_parts_and_leaves_the_collector_as_it_was()
     assert next(tasks).key == "q25" and gc.isenabled()
 
 
-def test_bytes_like_fields_do_not_pack() -> None:
-    """marshal writes a bytearray or a memoryview as bytes: it would not come back as it was."""
-    for field in (bytearray(b"x"), memoryview(b"x"), b"x", ["a list"]):
-        tasks = exams(3)
-        changed = tasks[1]._replace(payload=tasks[1].payload._replace(context=field))
-        assert Packed.of([tasks[0], changed, tasks[2]]) is None
+class Blob(NamedTuple):
+    qa_id: str
+    data: bytes  # marshal would make a bytearray of it bytes
+
+
+class Listed(NamedTuple):
+    qa_id: str
+    items: list[str] | None
+
+
+@pytest.mark.parametrize("payload", [Blob("q", b"x"), Listed("q", ["a"]), ("q", "a")])
+def test_payloads_whose_fields_are_not_declared_scalars_do_not_pack(payload: Any) -> None:
+    """A field declared bytes, or a container, and a plain tuple (declaring nothing)."""
+    assert Packed.of([Task("q", KNOWN, payload, late)]) is None
