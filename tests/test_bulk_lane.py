@@ -343,19 +343,12 @@ main()
 @LINUX
 def test_a_child_dies_with_its_parent_killed(env: FakeOpenAI, tmp_path: Path) -> None:
     env.responder = grades
-    write_exam(tmp_path / "run", 80)
-    command = ["judge", "--out", "run", "--controls", "0", "--batch-dir", "files"]
-    assert run_cli(*command).exit_code == WAITING
-    run_batch_files(env, tmp_path / "files")
+    command = answered(env, tmp_path, 80)
     pid_file = tmp_path / "child.pid"
     environment = {**os.environ, "PID_FILE": str(pid_file)}
     parent = subprocess.Popen([sys.executable, "-c", CHILD_SLEEPS, *command], env=environment)
     try:
-        deadline = time.monotonic() + 60
-        while not pid_file.exists() or not pid_file.read_text():
-            assert time.monotonic() < deadline and parent.poll() is None
-            time.sleep(0.05)
-        child = int(pid_file.read_text())
+        child = child_pid(pid_file, parent)
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait()
         deadline = time.monotonic() + 10
@@ -366,6 +359,15 @@ def test_a_child_dies_with_its_parent_killed(env: FakeOpenAI, tmp_path: Path) ->
         parent.kill()
     assert run_cli(*command).exit_code in (0, WAITING)  # the rerun merges every result
     assert len(read_csv(tmp_path / "run" / "judgments.csv")) == 72
+
+
+def child_pid(pid_file: Path, parent: subprocess.Popen[bytes]) -> int:
+    """The pid a forked child writes once its own handlers are set, while its parent runs."""
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and parent.poll() is None
+        time.sleep(0.05)
+    return int(pid_file.read_text())
 
 
 def _alive(pid: int) -> bool:
@@ -439,21 +441,14 @@ def plain(body: dict[str, Any]) -> Reply:
 def test_ctrl_c_stops_the_merge_soon_and_ends_its_children(env: FakeOpenAI, tmp_path: Path) -> None:
     env.responder = plain
     n = 3000
-    write_exam(tmp_path / "run", n)
-    command = ["judge", "--out", "run", "--controls", "0", "--batch-dir", "files"]
-    assert run_cli(*command).exit_code == WAITING
-    run_batch_files(env, tmp_path / "files")
+    command = answered(env, tmp_path, n)
     pid_file = tmp_path / "child.pid"
     environment = {**os.environ, "PID_FILE": str(pid_file)}
     parent = subprocess.Popen(
         [sys.executable, "-c", CTRL_C_SOON, *command], env=environment, start_new_session=True
     )
     try:
-        deadline = time.monotonic() + 60
-        while not pid_file.exists() or not pid_file.read_text():
-            assert time.monotonic() < deadline and parent.poll() is None
-            time.sleep(0.05)
-        child = int(pid_file.read_text())
+        child = child_pid(pid_file, parent)
         os.killpg(parent.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to every process
         assert parent.wait(timeout=60) == 130
     finally:
