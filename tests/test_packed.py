@@ -3,6 +3,7 @@ the very `known` and `late` it shared, and rows that would not come back exactly
 
 from __future__ import annotations
 
+from collections import namedtuple
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -112,7 +113,14 @@ class Listed(NamedTuple):
     items: list[str] | None
 
 
-@pytest.mark.parametrize("payload", [Blob("q", b"x"), Listed("q", ["a"]), ("q", "a")])
+Undeclared = namedtuple("Undeclared", ["qa_id", "data"])  # declares no type
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [Blob("q", b"x"), Listed("q", ["a"]), ("q", "a"), Undeclared("q", bytearray(b"x"))],
+)
 def test_payloads_whose_fields_are_not_declared_scalars_do_not_pack(payload: Any) -> None:
-    """A field declared bytes, or a container, and a plain tuple (declaring nothing)."""
+    """A field declared bytes, or a container; a plain tuple and a collections.namedtuple,
+    which declare nothing (marshal would make the bytearray bytes)."""
     assert Packed.of([Task("q", KNOWN, payload, late)]) is None

@@ -79,7 +79,7 @@ class Packed:
     def rows(self) -> Iterator[Task]:
         """The rows, made again in order; each group is let go once read."""
         known, late = self._known, self._late
-        make: Callable[[tuple[Any, ...]], Any] = getattr(self._kind, "_make", self._kind)
+        make: Callable[[tuple[Any, ...]], Any] = self._kind._make
         for number, group in enumerate(self._groups):
             if group is None:
                 return
@@ -112,9 +112,11 @@ def _scalars(kind: type) -> bool:
     except Exception:  # a name it cannot resolve: it does not pack
         return False
     for name in getattr(kind, "_fields", ()):
-        hint = hints.get(name)
+        if name not in hints:  # collections.namedtuple declares nothing
+            return False
+        hint = hints[name]
         union = get_origin(hint) in (Union, types.UnionType)
-        if not all(arg in _EXACT or arg is None for arg in (get_args(hint) if union else (hint,))):
+        if not all(arg in _EXACT for arg in (get_args(hint) if union else (hint,))):
             return False
     return True
 
