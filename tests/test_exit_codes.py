@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -16,6 +17,9 @@ from typing import Any
 import pytest
 from openai_server import FakeOpenAI
 from support import BASE, build_store, docs, read_csv, run_cli, write_run
+
+from ragexam.cli.app import interruptible
+from ragexam.stages import stopping
 
 # The crafted runs of test_compare: completeness (i % 3) * 0.25, so its mean is 0.25; of the
 # 24 questions only the 4 with three-character ids have their chunk at rank 1: hit rate 1/6.
@@ -171,6 +175,46 @@ def test_sigterm_is_an_interrupt_that_keeps_every_finished_row(
     env.latency = 0.0
     assert run_cli(*args).exit_code == 0
     assert env.count() - calls == 120 - len(kept)  # the kept rows are not asked again
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Any:
+    """ragexam's SIGTERM handler in this process, for the test."""
+    before = signal.getsignal(signal.SIGTERM)
+    interruptible()
+    try:
+        assert signal.getsignal(signal.SIGTERM) is not before
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_sigterm_cancels_a_running_stage_instead_of_raising_into_its_code() -> None:
+    # Raised into the event loop, the interrupt landed wherever the loop was (a lock's
+    # release, a connection pool's bookkeeping) and a SIGTERM'd run hung there (CI saw it):
+    # the stage's code now runs on to its next await, where the stage is cancelled.
+    seen: list[str] = []
+
+    async def stage() -> None:
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs at once, in this thread
+        seen.append("ran on to its await")
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    async def next_one() -> int:
+        return 7
+
+    with sigterm_interrupts():
+        with pytest.raises(KeyboardInterrupt):
+            stopping.run(stage())
+        assert seen == ["ran on to its await", "cancelled"]
+        assert stopping.run(next_one()) == 7  # said once: a later command in the process runs
+    with sigterm_interrupts(), pytest.raises(KeyboardInterrupt):  # between stages: at once
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
 
 
 def _lines(path: Path) -> int:

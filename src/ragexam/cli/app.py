@@ -25,6 +25,7 @@ from typer.core import TyperCommand, TyperGroup
 from ragexam.config import debug_enabled
 from ragexam.errors import RagexamError
 from ragexam.options import COMMANDS, SLOTS, Deprecated, Spec, hints, meta
+from ragexam.stages import stopping
 
 
 class Command(TyperCommand):
@@ -230,9 +231,10 @@ def _terminated(signum: int, frame: object) -> None:
     """The first SIGTERM interrupts; the ones after wait for the stage to wind down (a
     supervisor, or an impatient user, often sends two). Ignored, not reset: Python resets a
     handler of its own to the default as it exits, which would end the process by the signal
-    (exit 143), but leaves an ignored signal ignored."""
+    (exit 143), but leaves an ignored signal ignored. A running stage's main task is
+    cancelled, as asyncio.run does on Ctrl-C; between stages, KeyboardInterrupt is raised."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise KeyboardInterrupt
+    stopping.MAIN.interrupt()
 
 
 def _deprecated_argv(command: str | None, argv: list[str]) -> list[str]:

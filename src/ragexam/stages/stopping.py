@@ -1,9 +1,11 @@
-"""Ctrl-C for stages run in a worker thread: an API call made inside a running event loop
-(a Jupyter cell) runs there, where no signal reaches it.
+"""Stopping a stage from outside its event loop: by SIGTERM in the main thread, or by Ctrl-C
+in a thread that waits on a worker (an API call made inside a running event loop, a Jupyter
+cell, runs in a worker, where no signal reaches it).
 
-The thread that called waits on the worker; a KeyboardInterrupt there (the kernel's
-"interrupt") stops the worker's stage as Ctrl-C stops one in the main thread: its event loop's
-main task is cancelled, the rows written are kept, and no later stage begins.
+Either way the stage stops as asyncio.run stops it on Ctrl-C: its event loop's main task is
+cancelled, the rows written are kept, and no later stage begins. An exception raised into the
+loop by a signal handler could land anywhere, half way through a lock's release or a
+connection pool's bookkeeping, and leave a task waiting for ever (a SIGTERM'd run hung so).
 """
 
 from __future__ import annotations
@@ -33,6 +35,20 @@ class Stop:
             loop, task = running
             loop.call_soon_threadsafe(task.cancel)
 
+    def interrupt(self) -> None:
+        """Stop, from a signal handler in the thread that runs the stages: no lock (the
+        handler may have interrupted that very thread holding it). Outside a stage, raise
+        KeyboardInterrupt, as Ctrl-C does."""
+        running = self._running
+        if running is None:
+            raise KeyboardInterrupt
+        self.asked = True
+        loop, task = running
+        try:
+            loop.call_soon_threadsafe(task.cancel)  # it also wakes a loop waiting in select
+        except RuntimeError:  # the loop closed as the signal came: no stage runs
+            raise KeyboardInterrupt from None
+
     def _enter(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
         with self._lock:
             self._running = (loop, task)
@@ -46,6 +62,7 @@ class Stop:
 
 
 _local = threading.local()
+MAIN = Stop()  # the main thread's stages: SIGTERM asks it (ragexam.cli.app)
 
 
 def in_worker(stop: Stop, call: Callable[[], T]) -> T:
@@ -61,10 +78,13 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     """asyncio.run(main), but in a worker whose stop was asked: KeyboardInterrupt, as Ctrl-C
     raises in the main thread (before the loop starts, or once its main task is cancelled)."""
     stop: Stop | None = getattr(_local, "stop", None)
+    if stop is None and threading.current_thread() is threading.main_thread():
+        stop = MAIN
     if stop is None:
         return asyncio.run(main)
     if stop.asked:
         main.close()
+        stop.asked = stop is not MAIN  # the main thread's stop is said once
         raise KeyboardInterrupt
 
     async def stoppable() -> T:
@@ -80,5 +100,6 @@ def run(main: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(stoppable())
     except asyncio.CancelledError:
         if stop.asked:
+            stop.asked = stop is not MAIN
             raise KeyboardInterrupt from None
         raise
