@@ -73,9 +73,9 @@ def measure_road(run: Path, files: Path, trace: bool = False, alone: bool = Fals
         forked.ROWS_TO_FORK = 1 << 62
     start, made = forked.Child.start, []
 
-    def counted(*args: Any) -> None:
-        start(*args)
-        made.append(args[-1][-1])  # the child it put into the list of those to stop
+    def counted(*args: Any, **kwargs: Any) -> None:
+        start(*args, **kwargs)
+        made.append(args[4][-1])  # the child it put into the list of those to stop
 
     forked.Child.start = counted  # type: ignore[method-assign]
 

@@ -25,8 +25,9 @@ from support import number, read_csv, run_batch_files, run_cli, write_dict_rows
 
 import ragexam
 from ragexam.errors import BatchPending
+from ragexam.io import batchfiles
 from ragexam.llm.endpoint import SystemCheck
-from ragexam.stages import forked, judge, room
+from ragexam.stages import forked, judge, replay, room
 from ragexam.stages.bulk import Lane
 from ragexam.stages.packed import Packed
 
@@ -92,7 +93,9 @@ def answered(env: FakeOpenAI, folder: Path, n: int, *options: str) -> tuple[str,
     write_exam(folder / "run", n)
     command = ("judge", "--out", str(folder / "run"), "--controls", "0")
     command += ("--batch-dir", str(folder / "files"), *options)
-    assert run_cli(*command).exit_code == WAITING
+    with pytest.MonkeyPatch.context() as alone:  # the requests, in one process: the merge is
+        alone.setattr(forked, "ROWS_TO_FORK", 1 << 62)  # what the tests below fork for
+        assert run_cli(*command).exit_code == WAITING
     run_batch_files(env, folder / "files")
     return command
 
@@ -182,6 +185,95 @@ def test_forked_children_read_the_last_rows_and_the_file_is_the_same(
     theirs = range(n - left + mine, n)
     assert sum(adopted) == sum(1 for i in theirs if i % 10 != 7 and i % 6 != 5)  # plain ones
     assert figures(tmp_path / "forked") == figures(tmp_path / "alone")  # counted, billed alike
+
+
+def requests(env: FakeOpenAI, folder: Path, n: int) -> dict[str, Any]:
+    """judge --batch-dir writing the requests of a fresh exam: its request lines, and the
+    shards' names, in order. Each shard is whole, its ids file names its lines in order, its
+    record counts them, and nothing else is left under the files folder."""
+    write_exam(folder / "run", n)
+    command = ("judge", "--out", str(folder / "run"), "--controls", "0")
+    assert run_cli(*command, "--batch-dir", str(folder / "files")).exit_code == WAITING
+    files = folder / "files"
+    ledger = (folder / "run" / "batches" / "judge.jsonl").read_text(encoding="utf-8")
+    shards = [event for event in map(json.loads, ledger.splitlines()) if event["event"] == "shard"]
+    lines: list[bytes] = []
+    recorded = {
+        name: [folder / "run" / shard[name] for shard in shards] for name in ("path", "ids")
+    }
+    for shard, path, ids_path in zip(shards, recorded["path"], recorded["ids"], strict=True):
+        written = path.read_bytes()
+        assert len(written) == shard["bytes"] and written.count(b"\n") == shard["lines"]
+        ids = [json.loads(line)["custom_id"] for line in written.splitlines()]
+        assert ids_path.read_text(encoding="utf-8").splitlines() == ids
+        lines += written.splitlines()
+    for name, folder_of in (("path", files), ("ids", recorded["ids"][0].parent)):
+        on_disk = {path.resolve() for path in folder_of.rglob("*") if path.is_file()}
+        assert on_disk == {path.resolve() for path in recorded[name]}  # the children's are gone
+    return {"lines": sorted(lines), "names": [shard["name"] for shard in shards]}
+
+
+@LINUX
+@pytest.mark.parametrize("cores", [2, 3])
+def test_forked_children_write_the_requests_one_process_writes(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cores: int
+) -> None:
+    """Shards of 7 lines: each process's rows span several; the children's are named on
+    from the parent's."""
+    monkeypatch.setattr(batchfiles, "MAX_LINES", 7)
+    n = 80
+    alone = requests(env, tmp_path / "alone", n)
+    many(monkeypatch, cores)
+    children = counting(monkeypatch, forked.Child, "lines")
+    sent = counting(monkeypatch, replay.Pass, "_send")
+    forked_ = requests(env, tmp_path / "forked", n)
+    assert forked_["lines"] == alone["lines"] and len(alone["lines"]) == n
+    assert forked_["names"] == [f"judge-{k:06d}" for k in range(1, len(forked_["names"]) + 1)]
+    assert children == Counter({True: cores - 1})  # a child a spare core, each made its rows
+    # the parent made the first row's, the form learned from it, and its share of the rest
+    assert sent[True] == 1 + forked.shares(n - 1, cores - 1)[0]
+    run_batch_files(env, tmp_path / "forked" / "files")  # and they are merged as any
+    command = ("judge", "--out", str(tmp_path / "forked" / "run"), "--controls", "0")
+    assert run_cli(*command, "--batch-dir", str(tmp_path / "forked" / "files")).exit_code == 0
+    assert len(read_csv(tmp_path / "forked" / "run" / "judgments.csv")) == n
+
+
+def declining(sender: Any) -> Any:
+    """A child's way with requests, but every third row is left to the parent."""
+
+    def declines(self: replay.Pass, *args: Any) -> Any:
+        make, finish = sender(self, *args)
+        return (lambda task: None if number_of(task.key) % 3 == 0 else make(task)), finish
+
+    return declines
+
+
+def number_of(key: str) -> int:
+    return int(key.split("q")[-1])
+
+
+@LINUX
+@pytest.mark.parametrize("fault", ["declines", "fails"])
+def test_rows_a_child_does_not_make_are_the_parents_and_the_requests_the_same(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    """A row the child leaves (its first call is not rendered from the form), or every row
+    of a child that failed (its shards, if any, dropped): the parent writes them."""
+    monkeypatch.setattr(batchfiles, "MAX_LINES", 7)
+    n = 80
+    alone = requests(env, tmp_path / "alone", n)
+    many(monkeypatch)
+    children = counting(monkeypatch, forked.Child, "lines")
+    sent = counting(monkeypatch, replay.Pass, "_send")
+    if fault == "declines":
+        monkeypatch.setattr(replay.Pass, "_sender", declining(replay.Pass._sender))
+    else:
+        monkeypatch.setattr(forked, "_child", exits)
+    assert requests(env, tmp_path / "forked", n)["lines"] == alone["lines"]
+    assert children == Counter({fault == "declines": 1})
+    theirs = range(1 + forked.shares(n - 1, 1)[0], n)
+    by_parent = n - len(theirs) + sum(1 for i in theirs if i % 3 == 0)
+    assert sent[True] == (by_parent if fault == "declines" else n)
 
 
 def figures(folder: Path) -> dict[str, Any]:
@@ -301,7 +393,7 @@ def test_ctrl_c_while_a_child_works_ends_it_and_a_rerun_writes_each_row_once(
 
     def started(*args: Any) -> None:
         start(*args)
-        pids.append(args[-1][-1].pid)  # the child it put into the list of those to stop
+        pids.append(args[4][-1].pid)  # the child it put into the list of those to stop
 
     def stopped(self: Lane, *args: Any) -> None:
         if pids and self.written == 5:  # the parent's fifth row after the fork

@@ -112,9 +112,9 @@ class Lane:
         self.llm.booked_tokens(made.prompt_tokens, made.completion_tokens, fresh)
         self.written += 1
 
-    def write_many(self, rows: Sequence[tuple[str, bytes, int, int, bool]]) -> None:
+    def write_many(self, rows: Sequence[tuple[str, bytes, int, int, int]]) -> None:
         """`write`, of many rows made elsewhere (a forked child's): (key, line, prompt and
-        completion tokens, fresh) of each, written at once and counted in all."""
+        completion tokens, fresh: 1 or 0) of each, written at once and counted in all."""
         prompt = completion = fresh_prompt = fresh_completion = calls = 0
         for _, _, prompt_tokens, completion_tokens, fresh in rows:
             prompt += prompt_tokens

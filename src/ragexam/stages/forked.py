@@ -1,14 +1,15 @@
-"""A second process for the bulk lane: the last rows of a large pass, read on another core.
+"""A second process for the batch road: the last rows of a large pass, done on another core.
 
-Reading a million results is CPU-bound Python, and one process uses one core. Once the bulk
-lane has learned its line, a pass with many rows left forks a child. The child makes the
-lines of the last rows (the lane's pure step: `Lane.line_of`), while the parent writes the
-first ones as before; then the parent writes the child's lines, in their rows' order, as if
-it had made them itself: the same file, in the same order, and every count, bill and record
-kept by the parent alone. A row the child does not read is done by the parent, as every row
-is without a child. The child writes nothing but an unnamed temporary file, and dies with
-its parent (a kill -9 leaves nothing behind); a child that fails leaves its rows to the
-parent.
+Writing a million requests, or reading a million results, is CPU-bound Python, and one process
+uses one core. Once a pass reads rows its fast ways (the bulk lane has learned its line, or a
+row's request was rendered from its form), a pass with many rows left forks a child. The child
+makes what those ways make of the last rows, changing nothing (`Pass._made`): a row's CSV line
+from its one result, or the request line of a row with no result. The parent does the first
+rows as before; then it writes the child's lines, in their rows' order, as if it had made them
+itself: the same files, in the same order, and every count, bill and record kept by the
+parent alone. A row the child does not make is done by the parent, as every row is without a
+child. The child writes nothing but an unnamed temporary file, and dies with its parent (a
+kill -9 leaves nothing behind); a child that fails leaves its rows to the parent.
 
 The rows of each process, the parent's included, are packed before the fork (packed.py), so
 that none reads the objects they were made from while another maps them.
@@ -22,19 +23,17 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
-import mmap
 import os
 import signal
 import struct
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from ragexam.io.batchfiles import write_all
-from ragexam.stages.bulk import Lane
 from ragexam.stages.packed import Packed
 from ragexam.stages.room import room
 from ragexam.stages.runner import Task
@@ -44,17 +43,21 @@ MAX_CHILDREN = 7
 # What a row costs a child, of what it costs the parent, which also writes it and counts it
 # (bench_batch at a million rows: a child's share ended as the parent's did at this ratio).
 CHILD_COST = 0.9
-# a line's length (DECLINED: the child read none), its key's, its tokens and freshness
-_RECORD = struct.Struct("<IIqq?")
+# a line's length (DECLINED: the child made none), its name's, two numbers and its kind
+_RECORD = struct.Struct("<IIQQB")
 DECLINED = 0xFFFFFFFF
 _CHUNK = 1 << 20
+_WINDOW = 4 << 20  # the most of a child's file read at once
 _PR_SET_PDEATHSIG = 1
-
-# (the row's line, its result line's freshness) from the index, or None
-Found = Callable[[str], "tuple[bytes, bool] | None"]
-Opening = Callable[[Task], Any]
+# What a child made of a row: (name, line, two numbers, kind). A CSV line: the row's key, its
+# tokens, and FRESH when its result is new to this run. A request line (SENT): its custom_id,
+# the body's digest and the call's number. A row whose very request is out already: SKIPPED.
+# A shard the child wrote (SHARD, after its rows' records): its name, its lines and bytes.
+Made = tuple[str, bytes, int, int, int]
+FRESH, SENT, SKIPPED, SHARD = 1, 2, 4, 8
+Make = Callable[[Task], "Made | None"]  # None: the parent does the row
+Finish = Callable[[], "Iterable[Made]"]  # what the child says once its rows are made
 Share = Packed | Sequence[Task]  # a child's rows: packed, or as they are when they do not pack
-Made = tuple[str, bytes, int, int, bool]  # a row the child read: key, line, tokens, fresh
 
 
 def cores() -> int:
@@ -104,15 +107,15 @@ class Child:
     @classmethod
     def start(
         cls,
-        lane: Lane,
-        found: Found,
-        opening: Opening,
+        make: Make,
         rows: Share,
         others: Sequence[Packed],
         folder: Path,
         into: list[Child | None],
+        finish: Finish | None = None,
     ) -> None:
-        """Fork a child that makes the lines of `rows` (and lets the `others`, the other
+        """Fork a child that makes what `make` makes of `rows`, then says what `finish` says
+        (and lets the `others`, the other
         processes' rows, go), and put it `into` the list of those to stop (before a signal
         that waited can be raised here); None when the machine has no room for one, its
         memory now that the rows are packed included: the parent does its rows."""
@@ -141,7 +144,7 @@ class Child:
                     for other in others:
                         other.drop()
                     tasks = rows.rows() if isinstance(rows, Packed) else iter(rows)
-                    _child(lane, found, opening, tasks, output)
+                    _child(make, tasks, output, finish)
                 finally:
                     os._exit(1)
             into.append(cls(pid, output))
@@ -154,18 +157,13 @@ class Child:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def lines(self) -> Iterator[Made | None] | None:
-        """Once the child has ended: (key, line, prompt and completion tokens, fresh) of each
-        of its rows in order, None for a row it did not read; None when it failed."""
+        """Once the child has ended: what it made of each of its rows, in order, None for a
+        row it did not make; None when it failed."""
         _, status = os.waitpid(self.pid, 0)
         self.pid = 0
         if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
             return None
-        size = os.fstat(self.output.fileno()).st_size
-        return (
-            _records(mmap.mmap(self.output.fileno(), size, prot=mmap.PROT_READ))
-            if size
-            else iter(())
-        )
+        return _records(os.dup(self.output.fileno()))  # read on once `stop` closes the file
 
     def stop(self) -> None:
         """End the child, if it still runs, and drop its file."""
@@ -177,38 +175,57 @@ class Child:
         self.output.close()
 
 
-def _records(data: mmap.mmap) -> Iterator[Made | None]:
-    at, size = 0, _RECORD.size
-    with data:
-        while at < len(data):
-            length, named, prompt, completion, fresh = _RECORD.unpack_from(data, at)
-            at += size
-            if length == DECLINED:
-                yield None
-                continue
-            key = data[at : at + named].decode("utf-8", "surrogatepass")
-            at += named
-            yield key, data[at : at + length], prompt, completion, fresh
-            at += length
+def _records(fd: int) -> Iterator[Made | None]:
+    """The records of a child's file, read a window at a time (a million request lines are
+    gigabytes: mapped, they would count in this process's resident memory); `fd` is closed
+    once they are read, or let go."""
+    try:
+        yield from _read_records(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_records(fd: int) -> Iterator[Made | None]:
+    data, at, offset, size = b"", 0, 0, _RECORD.size
+    while True:
+        if len(data) - at < size:
+            more = os.pread(fd, _WINDOW, offset)
+            offset += len(more)
+            data, at = data[at:] + more, 0
+            if len(data) < size:
+                return
+        length, named, first, second, kind = _RECORD.unpack_from(data, at)
+        at += size
+        if length == DECLINED:
+            yield None
+            continue
+        end = at + named + length
+        if len(data) < end:  # the record runs on past what is read: read on from it
+            more = os.pread(fd, max(_WINDOW, end - len(data)), offset)
+            offset += len(more)
+            data, end, at = data[at:] + more, end - at, 0
+            if len(data) < end:
+                raise EOFError("a child's record is cut short")
+        name = data[at : at + named].decode("utf-8", "surrogatepass")
+        yield name, data[at + named : end], first, second, kind
+        at = end
 
 
 def _child(
-    lane: Lane, found: Found, opening: Opening, tasks: Iterator[Task], output: IO[bytes]
+    make: Make, tasks: Iterator[Task], output: IO[bytes], finish: Finish | None = None
 ) -> None:
     """The child's whole life: it never returns, and runs none of the parent's cleanup."""
     fd = output.fileno()
     try:
         chunk: list[bytes] = []
         size = 0
-        for task in tasks:
-            result = found(task.key)
-            made = lane.line_of(task, result[0], opening(task)) if result is not None else None
-            if result is None or made is None:
-                chunk.append(_RECORD.pack(DECLINED, 0, 0, 0, False))
+        for made in _all_made(make, tasks, finish):
+            if made is None:
+                chunk.append(_RECORD.pack(DECLINED, 0, 0, 0, 0))
                 continue
-            line, key = made.line, task.key.encode("utf-8", "surrogatepass")
-            tokens = made.prompt_tokens, made.completion_tokens
-            chunk += (_RECORD.pack(len(line), len(key), *tokens, result[1]), key, line)
+            name, line, first, second, kind = made
+            named = name.encode("utf-8", "surrogatepass")
+            chunk += (_RECORD.pack(len(line), len(named), first, second, kind), named, line)
             size += len(line)
             if size >= _CHUNK:
                 write_all(fd, b"".join(chunk))
@@ -217,6 +234,13 @@ def _child(
     except BaseException:
         os._exit(1)
     os._exit(0)
+
+
+def _all_made(make: Make, tasks: Iterator[Task], finish: Finish | None) -> Iterator[Made | None]:
+    for task in tasks:
+        yield make(task)
+    if finish is not None:
+        yield from finish()
 
 
 def _alone(parent: int, mask: set[int | signal.Signals]) -> None:

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, KeysView
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
+from ragexam.io.atomic import write_error
 from ragexam.io.batchfiles import (
     Answer,
     Shard,
@@ -44,7 +46,18 @@ from ragexam.llm.client import LLM, Reply
 from ragexam.llm.deferred import Deferred, Known, RowCalls, calls_of
 from ragexam.llm.prompts import Call
 from ragexam.stages.bulk import Bulk, Lane
-from ragexam.stages.forked import Child, Made, children_for, shared, shares
+from ragexam.stages.forked import (
+    FRESH,
+    SENT,
+    SHARD,
+    SKIPPED,
+    Child,
+    Made,
+    Make,
+    children_for,
+    shared,
+    shares,
+)
 from ragexam.stages.packed import split
 from ragexam.stages.runner import Encoded, Plan, Runner, Task, ok_row
 
@@ -125,6 +138,10 @@ class ResultIndex:
 
     def __contains__(self, key: object) -> bool:
         return key in self._where
+
+    def __len__(self) -> int:
+        """The rows with results here, not yet taken."""
+        return len(self._where)
 
     def missing(self, keys: KeysView[str]) -> set[str]:
         """The keys with no result here."""
@@ -279,6 +296,7 @@ class Pass:
         self.asked_of: str | None = None
         self.counted = False  # the road counted the pass's figures in its own
         self._rows_done = 0
+        self._url: str | None = None  # of a request rendered from its form in this pass
 
     @property
     def carried(self) -> bool:
@@ -325,37 +343,132 @@ class Pass:
         for task in tasks:
             await self._one(task)
             left = None if left is None else left - 1
-            if not asked and left is not None and self.lane is not None and self.lane.ready:
+            if not asked and left is not None and self._fast():
                 children, asked = children_for(left), True  # once: fewer rows are left later
                 if children:
                     break
         else:
             return
-        assert self.lane is not None and self.opens is not None and left is not None
+        assert self.opens is not None and left is not None
         (head, packed), *parts = split(tasks, shares(left, children))
         own: Iterator[Task] = packed.rows() if packed is not None else iter(head)
         del head  # let go before the fork: a task let go after it writes into what it held
         await asyncio.sleep(0)  # a Ctrl-C while they were packed stops the pass before a fork
         packs = [pack for _, pack in parts]
         made: list[Child | None] = []  # a child a share (None: it could not be made)
-        shape = self.llm.shape()  # what the children read their rows by
-        found, opening = self.index.single, self.opens.opening
+        shape, url = self.llm.shape(), self._url  # what the children make their rows by
+        sends = url is not None and not self.index  # no result left to read: requests only
         try:
             with shared():
-                for part, pack in parts:
+                for number, (part, pack) in enumerate(parts):
                     others = [p for p in (packed, *packs) if p is not None and p is not pack]
                     rows = pack or part
-                    Child.start(self.lane, found, opening, rows, others, self.files, made)
+                    if sends and url is not None:
+                        make, finish = self._sender(url, self._forked(number))
+                        Child.start(make, rows, others, self.files, made, finish)
+                    else:
+                        Child.start(self._made, rows, others, self.files, made)
                 for task in own:
                     await self._one(task)
-                for child, (part, _) in zip(made, parts, strict=True):
-                    await self._adopt_all(child, part, shape)
+                for number, (child, (part, _)) in enumerate(zip(made, parts, strict=True)):
+                    if sends and url is not None:
+                        await self._adopt_sent(child, part, url, self._forked(number))
+                    else:
+                        await self._adopt_all(child, part, shape)
             for task in tasks:  # none left, unless the plan made more rows than it counted
                 await self._one(task)
         finally:
             for child in made:
                 if child is not None:
                     child.stop()
+            if sends:
+                for number in range(len(parts)):
+                    for folder in self._forked(number):
+                        shutil.rmtree(folder, ignore_errors=True)
+
+    def _forked(self, number: int) -> tuple[Path, Path]:
+        """Where a child writes its shards and their ids: beside this process's, to be
+        renamed into place, but unseen (a kill leaves them, and the next fork drops them)."""
+        name = f".forked-{number}"
+        return self.requests / name, self.files / "ids" / name
+
+    def _sender(
+        self, url: str, folders: tuple[Path, Path]
+    ) -> tuple[Make, Callable[[], list[Made]]]:
+        """How a child writes the requests of a pass with no result left to read: each row's
+        request line, rendered from its form as `_opened` renders it, into shards of its own
+        (their names are given as they are adopted); and, once its rows are done, the shards."""
+        assert self.opens is not None
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)  # a killed run's
+        shards: list[Shard] = []
+        writer = ShardWriter(
+            folders[0], folders[1], (f"{n:06d}" for n in range(1, 1 << 30)), shards.append
+        )
+        writer.max_lines = min(writer.max_lines, self.max_lines or writer.max_lines)
+        opening, request_of, out, tag = (
+            self.opens.opening,
+            self.opens.llm.request_of,
+            self.out,
+            self.ledger.tag,
+        )
+
+        def make(task: Task) -> Made | None:
+            call = opening(task)
+            request = None if call is None else request_of(call)
+            if request is None or request.body is None or request.url != url:
+                return None
+            if out.get(task.key) == token(0, request.digest):
+                return task.key, b"", 0, 0, SKIPPED
+            identifier = custom_id(tag, 0, request.digest, task.key)
+            writer.write(identifier, request_line(identifier, url, request.body))
+            return identifier, b"", int(request.digest, 16), 0, SENT
+
+        def finish() -> list[Made]:
+            writer.close()
+            return [(shard.name, b"", shard.lines, shard.size, SHARD) for shard in shards]
+
+        return make, finish
+
+    async def _adopt_sent(
+        self, child: Child | None, tasks: list[Task], url: str, folders: tuple[Path, Path]
+    ) -> None:
+        """Take the requests a child wrote: its shards, named on from this process's and
+        recorded as its own are, and its rows waiting on them; the rows it did not make (all,
+        when it failed) are done here."""
+        try:
+            lines = child.lines() if child is not None else None
+        finally:
+            if child is not None:
+                child.stop()
+        declined, shards, done = [], [], 0
+        for made in lines or ():
+            if made is not None and made[4] == SHARD:
+                shards.append(made)
+                continue
+            done += 1
+            if made is None:
+                declined.append(tasks[done - 1])
+            elif made[4] == SENT:
+                self.out[made[0].split("~", 3)[3]] = (made[2] << 16) | made[3]
+                self.sent += 1
+                self.rendered += 1
+        if lines is None or done != len(tasks):  # it failed: its shards are none of ours
+            shards, declined = [], list(tasks)
+        writer = self._writer(url)
+        writer.close()  # this process's shard recorded: the next name is the child's first
+        record = self._recorded(url)
+        for name, _, count, size, _ in shards:
+            final = self.ledger.next_name()
+            path, ids = self.requests / f"{final}.jsonl", self.files / "ids" / f"{final}.ids"
+            try:
+                (folders[1] / f"{name}.ids").replace(ids)
+                (folders[0] / f"{name}.jsonl").replace(path)
+            except OSError as exc:
+                raise write_error(path, exc, "; rerun the same command") from None
+            record(Shard(final, path, ids, count, size))
+        for task in declined:
+            await self._one(task)
 
     async def _adopt_all(
         self, child: Child | None, tasks: list[Task], shape: tuple[Any, ...]
@@ -398,13 +511,36 @@ class Pass:
         if not run:
             return
         assert self.lane is not None
-        self.lane.write_many(run)
+        self.lane.write_many(run)  # a line's kind is FRESH (1) or not (0)
         spend, out = self.index.spend, self.out
         for key, _, _, _, fresh in run:
-            spend(key, fresh)
+            spend(key, fresh == FRESH)
             out.pop(key, None)
         self.written += len(run)
         self.read += len(run)
+
+    def _fast(self) -> bool:
+        """Whether a child would make rows as this process makes them now: the bulk lane has
+        learned its line, or, with no result left to read, a row's request was rendered from
+        its form."""
+        return (self.lane is not None and self.lane.ready) or (
+            self._url is not None and not self.index
+        )
+
+    def _made(self, task: Task) -> Made | None:
+        """What a forked child makes of a row in a pass that reads results, as `_bulk` would
+        do it here, changing nothing (forked.py): the row's CSV line, by the bulk lane, from
+        its one result. None: the row goes the parent's way."""
+        assert self.opens is not None
+        found = self.index.single(task.key)
+        lane = self.lane
+        if found is None or lane is None:
+            return None
+        made = lane.line_of(task, found[0], self.opens.opening(task))
+        if made is None:
+            return None
+        tokens = made.prompt_tokens, made.completion_tokens
+        return task.key, made.line, *tokens, FRESH if found[1] else 0
 
     def _directly(self, task: Task) -> tuple[bool, dict[str, list[Known]]]:
         """Take the row's results, and do the row by its first call alone if it can be:
@@ -464,6 +600,7 @@ class Pass:
         url, body, digest = request
         if body is not None:  # no result yet: the work would stop at its first call, number 0
             self.rendered += self._send(task.key, 0, digest, url, body)
+            self._url = url
             return True
         results = known.get(digest, [])
         if len(known) != 1 or len(results) != 1 or results[0].call != 0:
@@ -505,8 +642,7 @@ class Pass:
         if self.out.get(key) == request:
             return False
         identifier = custom_id(self.ledger.tag, call, digest, key)
-        line = request_line(identifier, url, body)
-        self._writer(url).write(identifier, line)
+        self._writer(url).write(identifier, request_line(identifier, url, body))
         self.out[key] = request
         self.sent += 1
         return True
@@ -514,27 +650,31 @@ class Pass:
     def _writer(self, url: str) -> ShardWriter:
         writer = self._writers.get(url)
         if writer is None:
-
-            def record(shard: Shard) -> None:
-                self.shards.append(shard)
-                self.ledger.record(
-                    "shard",
-                    name=shard.name,
-                    path=shard.path,
-                    ids=shard.ids,
-                    lines=shard.lines,
-                    bytes=shard.size,
-                    url=url,
-                    mode=self.mode,
-                    model=self.runner.stage.model,
-                    **self.with_shard(self, shard),
-                )
-
             names = iter(self.ledger.next_name, None)
-            writer = ShardWriter(self.requests, self.files / "ids", names, record)
+            writer = ShardWriter(self.requests, self.files / "ids", names, self._recorded(url))
             writer.max_lines = min(writer.max_lines, self.max_lines or writer.max_lines)
             self._writers[url] = writer
         return writer
+
+    def _recorded(self, url: str) -> Callable[[Shard], None]:
+        """How a finished shard of requests to `url` is recorded: its name taken."""
+
+        def record(shard: Shard) -> None:
+            self.shards.append(shard)
+            self.ledger.record(
+                "shard",
+                name=shard.name,
+                path=shard.path,
+                ids=shard.ids,
+                lines=shard.lines,
+                bytes=shard.size,
+                url=url,
+                mode=self.mode,
+                model=self.runner.stage.model,
+                **self.with_shard(self, shard),
+            )
+
+        return record
 
     def _keep_the_rest(self) -> None:
         """Carry the results of rows this run leaves out (a smaller --limit): paid for, they
