@@ -238,6 +238,25 @@ def test_forked_children_write_the_requests_one_process_writes(
     assert len(read_csv(tmp_path / "forked" / "run" / "judgments.csv")) == n
 
 
+@LINUX
+def test_the_shards_a_killed_runs_child_left_unrecorded_are_dropped(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kill -9 after a child wrote shards, before the parent took them: they were never
+    sent, and their rows are not out. The rerun writes those rows again and drops them."""
+    n = 80
+    alone = requests(env, tmp_path / "alone", n)
+    leftovers = [
+        tmp_path / "forked" / "files" / "requests" / ".forked-0" / "000001.jsonl",
+        tmp_path / "forked" / "run" / "batches" / "judge" / "ids" / ".forked-0" / "000001.ids",
+    ]
+    for path in leftovers:
+        path.parent.mkdir(parents=True)
+        path.write_text('{"custom_id": "judge~0~00~q1"}\n')
+    assert requests(env, tmp_path / "forked", n)["lines"] == alone["lines"]
+    assert not any(path.parent.exists() for path in leftovers)
+
+
 def declining(sender: Any) -> Any:
     """A child's way with requests, but every third row is left to the parent."""
 

@@ -307,6 +307,9 @@ class Pass:
         """Go through every row not done, nor waiting on a request already out."""
         idle = self.index.missing(self.out.keys())  # out, and nothing back yet
         count, tasks = self.plan.tasks(done | idle if idle else done)
+        for folder in (self.requests, self.files / "ids"):  # a killed run's children's
+            for stale in folder.glob(".forked-*"):
+                shutil.rmtree(stale, ignore_errors=True)
         try:
             for answer in self.index.late():
                 self.llm.billed(answer, self.asked_of)
@@ -388,7 +391,7 @@ class Pass:
 
     def _forked(self, number: int) -> tuple[Path, Path]:
         """Where a child writes its shards and their ids: beside this process's, to be
-        renamed into place, but unseen (a kill leaves them, and the next fork drops them)."""
+        renamed into place, but unseen (a kill leaves them, and the next pass drops them)."""
         name = f".forked-{number}"
         return self.requests / name, self.files / "ids" / name
 
@@ -399,8 +402,6 @@ class Pass:
         request line, rendered from its form as `_opened` renders it, into shards of its own
         (their names are given as they are adopted); and, once its rows are done, the shards."""
         assert self.opens is not None
-        for folder in folders:
-            shutil.rmtree(folder, ignore_errors=True)  # a killed run's
         shards: list[Shard] = []
         writer = ShardWriter(
             folders[0], folders[1], (f"{n:06d}" for n in range(1, 1 << 30)), shards.append
