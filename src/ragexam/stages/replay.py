@@ -375,7 +375,7 @@ class Pass:
                     await self._one(task)
                 for number, (child, (part, _)) in enumerate(zip(made, parts, strict=True)):
                     if sends and url is not None:
-                        await self._adopt_sent(child, part, url, self._forked(number))
+                        await self._adopt_sent(child, part, shape, url, self._forked(number))
                     else:
                         await self._adopt_all(child, part, shape)
             for task in tasks:  # none left, unless the plan made more rows than it counted
@@ -432,7 +432,12 @@ class Pass:
         return make, finish
 
     async def _adopt_sent(
-        self, child: Child | None, tasks: list[Task], url: str, folders: tuple[Path, Path]
+        self,
+        child: Child | None,
+        tasks: list[Task],
+        shape: tuple[Any, ...],
+        url: str,
+        folders: tuple[Path, Path],
     ) -> None:
         """Take the requests a child wrote: its shards, named on from this process's and
         recorded as its own are, and its rows waiting on them; the rows it did not make (all,
@@ -442,8 +447,8 @@ class Pass:
         finally:
             if child is not None:
                 child.stop()
-        declined, shards, done = [], [], 0
-        for made in lines or ():
+        declined, shards, sent, done = [], [], [], 0
+        for made in lines if lines is not None and self.llm.shape() == shape else ():
             if made is not None and made[4] == SHARD:
                 shards.append(made)
                 continue
@@ -451,11 +456,12 @@ class Pass:
             if made is None:
                 declined.append(tasks[done - 1])
             elif made[4] == SENT:
-                self.out[made[0].split("~", 3)[3]] = (made[2] << 16) | made[3]
-                self.sent += 1
-                self.rendered += 1
-        if lines is None or done != len(tasks):  # it failed: its shards are none of ours
-            shards, declined = [], list(tasks)
+                sent.append((made[0].split("~", 3)[3], (made[2] << 16) | made[3]))
+        if done != len(tasks):  # it failed (or made them otherwise): its shards are not ours
+            shards, declined, sent = [], list(tasks), []
+        self.out.update(sent)
+        self.sent += len(sent)
+        self.rendered += len(sent)
         writer = self._writer(url)
         writer.close()  # this process's shard recorded: the next name is the child's first
         record = self._recorded(url)
