@@ -11,7 +11,7 @@ memory it adds over what the stage held when it began (the exam and the answers,
 judge whichever road it takes); the whole command's time and peak are printed beside. Targets:
 shards ÷ read_csv ≤ 2, merge ÷ read_csv ≤ 3, each peak ≤ that of `stats` at the same rows.
 
-The merge forks a child a spare core (stages/forked.py); its figure counts the children's
+Both roads fork a child a spare core (stages/forked.py); their figures count the children's
 memory, the pages they copied, beside this process's. The same merge in one process is timed
 again after it, to say what the children gain. Beside them, each road's floor
 (measure_floor): its essential steps alone in a tight loop, in one process.
@@ -337,9 +337,10 @@ def part_one(folder: Path, rows: int, trace: bool) -> None:
     print(f"merge  / read_csv = {merge['seconds'] / read['seconds']:.2f} (target <= 3)")
     print(f"merge in one process / read_csv = {alone['seconds'] / read['seconds']:.2f}")
     print(
-        f"peaks: shards +{shards['mb']:.0f} MB, merge +{merge['mb']:.0f} MB and its children "
-        f"+{merge.get('children_mb', 0.0):.0f} MB, +{merge['together_mb']:.0f} MB in all at "
-        "once (target <= stats)"
+        f"peaks: shards +{shards['mb']:.0f} MB and their children "
+        f"+{shards.get('children_mb', 0.0):.0f} MB, +{shards['together_mb']:.0f} MB at once; "
+        f"merge +{merge['mb']:.0f} MB and its children +{merge.get('children_mb', 0.0):.0f} MB, "
+        f"+{merge['together_mb']:.0f} MB at once (target <= stats)"
     )
     print(
         f"floors / read_csv: shards {floor['shards'] / read['seconds']:.2f}, "
