@@ -452,7 +452,13 @@ main()
 
 
 @LINUX
-def test_a_child_dies_with_its_parent_killed(env: FakeOpenAI, tmp_path: Path) -> None:
+@pytest.mark.parametrize("sent", [signal.SIGKILL, signal.SIGTERM])
+def test_a_child_ends_with_its_parent_killed_or_stopped_as_it_waits(
+    env: FakeOpenAI, tmp_path: Path, sent: signal.Signals
+) -> None:
+    """A child that takes a minute: its parent killed, it dies with it; its parent, its rows
+    done and waiting on it, sent SIGTERM (a cancel of the stage's task), ends the wait and
+    the child within seconds, and exits 130."""
     env.responder = grades
     command = answered(env, tmp_path, 80)
     pid_file = tmp_path / "child.pid"
@@ -460,11 +466,12 @@ def test_a_child_dies_with_its_parent_killed(env: FakeOpenAI, tmp_path: Path) ->
     parent = subprocess.Popen([sys.executable, "-c", CHILD_SLEEPS, *command], env=environment)
     try:
         child = child_pid(pid_file, parent)
-        os.kill(parent.pid, signal.SIGKILL)
-        parent.wait()
+        time.sleep(0.5)  # the parent's share is a few dozen rows: it waits by now
+        os.kill(parent.pid, sent)
+        assert parent.wait(timeout=50) == (-sent if sent == signal.SIGKILL else 130)
         deadline = time.monotonic() + 10
         while _alive(child):
-            assert time.monotonic() < deadline, "the child outlived its parent"
+            assert time.monotonic() < deadline, "the child outlived its parent's end"
             time.sleep(0.05)
     finally:
         parent.kill()

@@ -217,6 +217,22 @@ def test_sigterm_cancels_a_running_stage_instead_of_raising_into_its_code() -> N
         time.sleep(5)
 
 
+def test_sigterm_past_a_stages_last_await_stops_the_command_as_the_stage_ends() -> None:
+    # the cancel lands on a task that has nothing left to await: the stage is whole, and
+    # the command stops there (it went on to its next stage, or exited 0 after the last)
+    async def stage() -> int:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return 7
+
+    async def next_one() -> int:
+        return 8
+
+    with sigterm_interrupts():
+        with pytest.raises(KeyboardInterrupt):
+            stopping.run(stage())
+        assert stopping.run(next_one()) == 8  # said once
+
+
 def _lines(path: Path) -> int:
     try:
         return path.read_bytes().count(b"\n")

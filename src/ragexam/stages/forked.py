@@ -1,25 +1,31 @@
 """A second process for the batch road: the last rows of a large pass, done on another core.
 
 Writing a million requests, or reading a million results, is CPU-bound Python, and one process
-uses one core. Once a pass reads rows its fast ways (the bulk lane has learned its line, or a
-row's request was rendered from its form), a pass with many rows left forks a child. The child
-makes what those ways make of the last rows, changing nothing (`Pass._made`): a row's CSV line
-from its one result, or the request line of a row with no result. The parent does the first
-rows as before; then it writes the child's lines, in their rows' order, as if it had made them
-itself: the same files, in the same order, and every count, bill and record kept by the
-parent alone. A row the child does not make is done by the parent, as every row is without a
-child. The child writes nothing but an unnamed temporary file, and dies with its parent (a
-kill -9 leaves nothing behind); a child that fails leaves its rows to the parent.
+uses one core. Once a pass reads rows its fast ways (the bulk lane has learned its line, or,
+with no result left to read, a row's request was rendered from its form), a pass with many rows
+left forks a child. The child does the last rows those ways, the parent the first ones as
+before. A merging child makes each row's CSV line from its one result (`Pass._made`), and the
+parent writes them in their rows' order, as if it had made them itself: the same file, and
+every count, bill and record kept by the parent alone. A child writing requests renders each
+row's request line and writes it into shards of its own (`Pass._sender`), in a hidden folder;
+the parent renames them into place under its next names and records them. A row the child does
+not make is done by the parent, as every row is without a child; a child that fails leaves all
+its rows to the parent. The child's records go to an unnamed temporary file. It dies with its
+parent, even at kill -9 (a writing child's shards are left unrecorded, and the next pass drops
+them), and the parent waits on it as its event loop runs, so a stop ends both.
 
 The rows of each process, the parent's included, are packed before the fork (packed.py), so
 that none reads the objects they were made from while another maps them.
 
 Linux only (fork, PR_SET_PDEATHSIG), and only with a second core to run on. The child runs
-no code that takes a lock another thread may hold: no logging, printing, nor event loop.
+no code that takes a lock another thread may hold: no logging, printing, nor event loop. A
+child writing requests starts a thread of its own to write them, whose locks are its own
+(concurrent.futures makes its global lock anew in a forked child).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import gc
@@ -103,6 +109,7 @@ class Child:
 
     def __init__(self, pid: int, output: IO[bytes]) -> None:
         self.pid, self.output = pid, output
+        self._status: int | None = None  # how it ended, once `wait` saw it end
 
     @classmethod
     def start(
@@ -156,14 +163,26 @@ class Child:
                 rows.drop()  # the child's now, or the parent reads the rows as they are
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
+    async def wait(self) -> None:
+        """Until the child has ended, the event loop running meanwhile: a stop (Ctrl-C,
+        SIGTERM: the stage's task cancelled) ends the wait, and `stop` the child."""
+        while self.pid and self._status is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)  # noqa: ASYNC222 (it never blocks)
+            if pid:
+                self._status, self.pid = status, 0
+            else:
+                await asyncio.sleep(0.01)
+
     def lines(self) -> Iterator[Made | None] | None:
         """Once the child has ended: what it made of each of its rows, in order, None for a
-        row it did not make; None when it failed."""
-        _, status = os.waitpid(self.pid, 0)
-        self.pid = 0
+        row it did not make; None when it failed. Read before `stop`, which drops them."""
+        status = self._status
+        if status is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.pid = 0
         if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
             return None
-        return _records(os.dup(self.output.fileno()))  # read on once `stop` closes the file
+        return _records(self.output.fileno())
 
     def stop(self) -> None:
         """End the child, if it still runs, and drop its file."""
@@ -177,15 +196,8 @@ class Child:
 
 def _records(fd: int) -> Iterator[Made | None]:
     """The records of a child's file, read a window at a time (a million request lines are
-    gigabytes: mapped, they would count in this process's resident memory); `fd` is closed
-    once they are read, or let go."""
-    try:
-        yield from _read_records(fd)
-    finally:
-        os.close(fd)
-
-
-def _read_records(fd: int) -> Iterator[Made | None]:
+    gigabytes: mapped, they would count in this process's resident memory). A record cut
+    short ends them: the rows after it are the parent's."""
     data, at, offset, size = b"", 0, 0, _RECORD.size
     while True:
         if len(data) - at < size:
@@ -205,7 +217,7 @@ def _read_records(fd: int) -> Iterator[Made | None]:
             offset += len(more)
             data, end, at = data[at:] + more, end - at, 0
             if len(data) < end:
-                raise EOFError("a child's record is cut short")
+                return
         name = data[at : at + named].decode("utf-8", "surrogatepass")
         yield name, data[at + named : end], first, second, kind
         at = end

@@ -442,21 +442,23 @@ class Pass:
         """Take the requests a child wrote: its shards, named on from this process's and
         recorded as its own are, and its rows waiting on them; the rows it did not make (all,
         when it failed) are done here."""
+        declined, shards, sent, done = [], [], [], 0
         try:
+            if child is not None:
+                await child.wait()
             lines = child.lines() if child is not None else None
+            for made in lines if lines is not None and self.llm.shape() == shape else ():
+                if made is not None and made[4] == SHARD:
+                    shards.append(made)
+                    continue
+                done += 1
+                if made is None:
+                    declined.append(tasks[done - 1])
+                elif made[4] == SENT:
+                    sent.append((made[0].split("~", 3)[3], (made[2] << 16) | made[3]))
         finally:
             if child is not None:
                 child.stop()
-        declined, shards, sent, done = [], [], [], 0
-        for made in lines if lines is not None and self.llm.shape() == shape else ():
-            if made is not None and made[4] == SHARD:
-                shards.append(made)
-                continue
-            done += 1
-            if made is None:
-                declined.append(tasks[done - 1])
-            elif made[4] == SENT:
-                sent.append((made[0].split("~", 3)[3], (made[2] << 16) | made[3]))
         if done != len(tasks):  # it failed (or made them otherwise): its shards are not ours
             shards, declined, sent = [], list(tasks), []
         self.out.update(sent)
@@ -486,10 +488,16 @@ class Pass:
         the child read is written by the key it gives: its task, made before the fork, is
         read only for a row done here."""
         try:
-            lines = child.lines() if child is not None else None
+            if child is not None:
+                await child.wait()
+            await self._adopt_lines(child.lines() if child is not None else None, tasks, shape)
         finally:
             if child is not None:
                 child.stop()
+
+    async def _adopt_lines(
+        self, lines: Iterator[Made | None] | None, tasks: list[Task], shape: tuple[Any, ...]
+    ) -> None:
         done, run = 0, []  # rows read, and the run of lines adopted not yet written
         for made in (lines or ()) if self.llm.shape() == shape else ():
             if done == len(tasks):

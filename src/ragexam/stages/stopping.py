@@ -75,8 +75,9 @@ def in_worker(stop: Stop, call: Callable[[], T]) -> T:
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:
-    """asyncio.run(main), but in a worker whose stop was asked: KeyboardInterrupt, as Ctrl-C
-    raises in the main thread (before the loop starts, or once its main task is cancelled)."""
+    """asyncio.run(main), but once its stop is asked (a worker's, or the main thread's by
+    SIGTERM): KeyboardInterrupt, as Ctrl-C raises in the main thread (before the loop starts,
+    once its main task is cancelled, or as it ends when asked past its last await)."""
     stop: Stop | None = getattr(_local, "stop", None)
     if stop is None and threading.current_thread() is threading.main_thread():
         stop = MAIN
@@ -97,9 +98,13 @@ def run(main: Coroutine[Any, Any, T]) -> T:
             stop._leave()
 
     try:
-        return asyncio.run(stoppable())
+        result = asyncio.run(stoppable())
     except asyncio.CancelledError:
         if stop.asked:
             stop.asked = stop is not MAIN
             raise KeyboardInterrupt from None
         raise
+    if stop is MAIN and stop.asked:  # asked as the stage ended, past its last await: the
+        stop.asked = False  # stage is whole, and the command stops here, as asked
+        raise KeyboardInterrupt
+    return result
