@@ -19,7 +19,8 @@ T = TypeVar("T")
 
 
 class Stop:
-    """A worker's stop: asked once, it ends the stage running and every one after it."""
+    """A worker's stop (or the main thread's, MAIN): asked once, it ends the stage running
+    and every one after it (the main thread's, the next one only: it is said once)."""
 
     def __init__(self) -> None:
         self.asked = False
@@ -47,6 +48,7 @@ class Stop:
         try:
             loop.call_soon_threadsafe(task.cancel)  # it also wakes a loop waiting in select
         except RuntimeError:  # the loop closed as the signal came: no stage runs
+            self.asked = False  # said now, not again to a later stage
             raise KeyboardInterrupt from None
 
     def _enter(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
