@@ -7,6 +7,7 @@ import io
 import json
 import re
 import shutil
+import sys
 import threading
 import time
 from collections import Counter
@@ -39,7 +40,7 @@ from support import (
 
 from ragexam.cli import display
 from ragexam.io import batchfiles
-from ragexam.stages import batchwait
+from ragexam.stages import batchwait, forked
 
 N = 12
 
@@ -100,14 +101,30 @@ def test_every_row_is_graded_through_batches_and_paid_once(
     assert f"batches: 1 made, {N} requests sent, {N} merged, the batches took" in said
 
 
+@pytest.mark.parametrize("forks", [False, True])
 def test_shards_keep_to_the_line_and_byte_limits(
-    batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forks: bool
 ) -> None:
+    """In one process, and (on Linux) with a child writing the last rows' shards."""
     monkeypatch.setattr(batchfiles, "MAX_LINES", 5)
     monkeypatch.setattr(batchfiles, "MAX_BYTES", 7000)  # two or three judge requests
     batch_env.batch.max_lines, batch_env.batch.max_bytes = 5, 7000  # what the server takes
     exam(tmp_path / "run", N)
+    ended: list[bool] = []
+    if forks and sys.platform == "linux":
+        monkeypatch.setattr(forked, "ROWS_TO_FORK", 8)
+        monkeypatch.setattr(forked, "cores", lambda: 2)
+        real = forked.Child.lines
+
+        def read(child: forked.Child) -> Any:
+            made = real(child)
+            ended.append(made is not None)  # the child made its rows
+            return made
+
+        monkeypatch.setattr(forked.Child, "lines", read)
     assert judge().exit_code == 0
+    # a child for the pass that writes the requests, and one for the pass that merges them
+    assert ended == ([True, True] if forks and sys.platform == "linux" else [])
     events = ledger_events(tmp_path / "run" / "batches" / "judge.jsonl")
     sizes = [(event["lines"], event["bytes"]) for event in events if event["event"] == "shard"]
     assert len(sizes) >= N // 3 and all(lines <= 5 and size <= 7000 for lines, size in sizes)
