@@ -56,11 +56,11 @@ _CHUNK = 1 << 20
 _WINDOW = 4 << 20  # the most of a child's file read at once
 _PR_SET_PDEATHSIG = 1
 # What a child made of a row: (name, line, two numbers, kind). A CSV line: the row's key, its
-# tokens, and FRESH when its result is new to this run. A request line (SENT): its custom_id,
-# the body's digest and the call's number. A row whose very request is out already: SKIPPED.
-# A shard the child wrote (SHARD, after its rows' records): its name, its lines and bytes.
+# tokens, and FRESH when its result is new to this run. A request it wrote into its own shard
+# (SENT, no line): its custom_id, the body's digest and the call's number. A shard it wrote
+# (SHARD, after its rows' records): the shard's name, its lines and bytes.
 Made = tuple[str, bytes, int, int, int]
-FRESH, SENT, SKIPPED, SHARD = 1, 2, 4, 8
+FRESH, SENT, SHARD = 1, 2, 8
 Make = Callable[[Task], "Made | None"]  # None: the parent does the row
 Finish = Callable[[], "Iterable[Made]"]  # what the child says once its rows are made
 Share = Packed | Sequence[Task]  # a child's rows: packed, or as they are when they do not pack
@@ -122,10 +122,10 @@ class Child:
         finish: Finish | None = None,
     ) -> None:
         """Fork a child that makes what `make` makes of `rows`, then says what `finish` says
-        (and lets the `others`, the other
-        processes' rows, go), and put it `into` the list of those to stop (before a signal
-        that waited can be raised here); None when the machine has no room for one, its
-        memory now that the rows are packed included: the parent does its rows."""
+        (and lets the `others`, the other processes' rows, go), and put it `into` the list of
+        those to stop (before a signal that waited can be raised here); None when the machine
+        has no room for one, its memory now that the rows are packed included: the parent
+        does its rows."""
         try:
             if not room(1):
                 raise OSError("no memory for a child")

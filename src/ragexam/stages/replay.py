@@ -50,7 +50,6 @@ from ragexam.stages.forked import (
     FRESH,
     SENT,
     SHARD,
-    SKIPPED,
     Child,
     Made,
     Make,
@@ -407,20 +406,16 @@ class Pass:
             folders[0], folders[1], (f"{n:06d}" for n in range(1, 1 << 30)), shards.append
         )
         writer.max_lines = min(writer.max_lines, self.max_lines or writer.max_lines)
-        opening, request_of, out, tag = (
-            self.opens.opening,
-            self.opens.llm.request_of,
-            self.out,
-            self.ledger.tag,
-        )
+        opening, request_of, tag = self.opens.opening, self.opens.llm.request_of, self.ledger.tag
+        out = self.out
 
         def make(task: Task) -> Made | None:
+            if task.key in out:  # none is, in such a pass (it would wait, not be a row of it):
+                return None  # the parent's `_send` says whether its very request is out
             call = opening(task)
             request = None if call is None else request_of(call)
             if request is None or request.body is None or request.url != url:
                 return None
-            if out.get(task.key) == token(0, request.digest):
-                return task.key, b"", 0, 0, SKIPPED
             identifier = custom_id(tag, 0, request.digest, task.key)
             writer.write(identifier, request_line(identifier, url, request.body))
             return identifier, b"", int(request.digest, 16), 0, SENT
