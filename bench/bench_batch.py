@@ -4,8 +4,9 @@
 
 Part 1, at --rows: the judge's inputs are bench_stats' synthetic run (qa_dataset.csv and
 answers.csv, the columns and text sizes ragexam writes). In fresh child processes it times
-`pandas.read_csv` of both; `ragexam judge --batch-dir` writing the request shards; and the same
-command merging one result line per request (written here as OpenAI's Batch API writes them).
+`pandas.read_csv` of both (the best of three: the smallest denominator, the strictest target);
+`ragexam judge --batch-dir` writing the request shards; and the same command merging one
+result line per request (written here as OpenAI's Batch API writes them).
 Each figure is the batch road's own: from its first row to its last, and the peak resident
 memory it adds over what the stage held when it began (the exam and the answers, read by the
 judge whichever road it takes); the whole command's time and peak are printed beside. Targets:
@@ -41,6 +42,7 @@ from bench_stats import _maxrss_mb, timed, write_run
 from common import ROOT, FakeOpenAI, run_stage
 
 JUDGE_INPUTS = ("qa_dataset.csv", "answers.csv")
+READS = 3  # read_csv is timed this many times, and the best taken: on this VM, 4.7-7.0 s
 REPLY = {
     "reasoning": "The answer has the ground truth's two facts, and one more.",
     "conciseness": 0.7,
@@ -312,8 +314,13 @@ def part_one(folder: Path, rows: int, trace: bool) -> None:
         target = run / name
         if not target.exists():
             target.symlink_to(folder / name)
-    read = child("read", run)
+    os.sync()  # the inputs just written go down now, not while they are read
+    reads = [child("read", run) for _ in range(READS)]
+    read = min(reads, key=lambda figures: figures["seconds"])  # the best: the strictest target
     _say("read_csv of the two inputs", read)
+    print(
+        f"{'  (each of ' + str(READS) + ')':<34} " + ", ".join(f"{r['seconds']:.2f}" for r in reads)
+    )
     shards = child("road", run, files)
     _say("writing the request shards", shards)
     lines = answer_everything(files)
