@@ -35,6 +35,28 @@ def fake_llm() -> Iterator[FakeOpenAI]:
 # -- other fixtures -------------------------------------------------------------------------------
 
 
+def _signal_state() -> tuple[Any, ...]:
+    """Ctrl-C's and SIGTERM's handlers, and the signals blocked or pending in this thread."""
+    import signal
+
+    handlers = tuple(signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM))
+    return *handlers, signal.pthread_sigmask(signal.SIG_BLOCK, []), signal.sigpending()
+
+
+@pytest.fixture(autouse=True)
+def signals_left_as_found() -> Iterator[None]:
+    """A test leaves the process's signals as it found them: a later test that interrupts a
+    run in this process would otherwise not stop it, or wait for ever."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = _signal_state()
+    yield
+    assert _signal_state() == before, "this test left the process's signals changed"
+
+
 @pytest.fixture
 def env(fake_llm: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeOpenAI:
     """Point ragexam at the fake server, in an empty working directory with no stray settings."""

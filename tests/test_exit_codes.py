@@ -179,14 +179,16 @@ def test_sigterm_is_an_interrupt_that_keeps_every_finished_row(
 
 @contextlib.contextmanager
 def sigterm_interrupts() -> Any:
-    """ragexam's SIGTERM handler in this process, for the test."""
-    before = signal.getsignal(signal.SIGTERM)
+    """ragexam's SIGTERM handler in this process, for the test (and Ctrl-C's, which it sets
+    when the process ignores it: a test run started with `&`)."""
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     interruptible()
     try:
-        assert signal.getsignal(signal.SIGTERM) is not before
+        assert signal.getsignal(signal.SIGTERM) is not before[0]
         yield
     finally:
-        signal.signal(signal.SIGTERM, before)
+        signal.signal(signal.SIGTERM, before[0])
+        signal.signal(signal.SIGINT, before[1])
 
 
 def test_sigterm_cancels_a_running_stage_instead_of_raising_into_its_code() -> None:
