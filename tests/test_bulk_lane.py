@@ -9,6 +9,7 @@ with the lane (or the child) taken away; the second run is what ragexam wrote be
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -26,6 +27,7 @@ from support import number, read_csv, run_batch_files, run_cli, write_dict_rows
 import ragexam
 from ragexam.errors import BatchPending
 from ragexam.io import batchfiles
+from ragexam.llm.client import LLM
 from ragexam.llm.endpoint import SystemCheck
 from ragexam.stages import forked, judge, replay, room
 from ragexam.stages.bulk import Lane
@@ -193,7 +195,8 @@ def requests(env: FakeOpenAI, folder: Path, n: int) -> dict[str, Any]:
     record counts them, and nothing else is left under the files folder."""
     write_exam(folder / "run", n)
     command = ("judge", "--out", str(folder / "run"), "--controls", "0")
-    assert run_cli(*command, "--batch-dir", str(folder / "files")).exit_code == WAITING
+    first = run_cli(*command, "--batch-dir", str(folder / "files"))
+    assert first.exit_code == WAITING, first.output
     files = folder / "files"
     ledger = (folder / "run" / "batches" / "judge.jsonl").read_text(encoding="utf-8")
     shards = [event for event in map(json.loads, ledger.splitlines()) if event["event"] == "shard"]
@@ -236,6 +239,28 @@ def test_forked_children_write_the_requests_one_process_writes(
     command = ("judge", "--out", str(tmp_path / "forked" / "run"), "--controls", "0")
     assert run_cli(*command, "--batch-dir", str(tmp_path / "forked" / "files")).exit_code == 0
     assert len(read_csv(tmp_path / "forked" / "run" / "judgments.csv")) == n
+
+
+def test_requests_to_two_urls_go_into_shards_each_of_its_own_name(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard's name is the next the ledger has not recorded: two shards open at once took
+    the same name, and one was written over the other. A pass whose rows ask two URLs (every
+    other row, here) finishes one URL's shard before it writes the other's."""
+    real, turn = LLM.request_of, itertools.count()
+
+    def two_urls(self: LLM, call: Any, body: bool = True) -> Any:
+        rendered = real(self, call, body)
+        if rendered is not None and next(turn) % 2:
+            return rendered._replace(url="/v1/other/completions")
+        return rendered
+
+    monkeypatch.setattr(LLM, "request_of", two_urls)
+    n = 12
+    written = requests(env, tmp_path, n)  # each shard whole, and only the shards recorded
+    assert len(written["lines"]) == n and len(set(written["names"])) == len(written["names"])
+    urls = Counter(json.loads(line)["url"] for line in written["lines"])
+    assert set(urls) == {"/v1/chat/completions", "/v1/other/completions"}
 
 
 @LINUX

@@ -280,6 +280,7 @@ class Pass:
         self.unused = 0  # rows whose results answer requests they no longer make: asked again
         self.shards: list[Shard] = []
         self._writers: dict[str, ShardWriter] = {}
+        self._open = ""  # the URL whose shard may be open: one at a time
         self._carry: IO[bytes] | None = None
         self._carry_path = self.files / f"carry-{time.time_ns()}.jsonl"  # never the one read
         self.opens = plan if isinstance(plan, Opens) else None
@@ -658,6 +659,12 @@ class Pass:
         return True
 
     def _writer(self, url: str) -> ShardWriter:
+        """The writer of a URL's requests, with no other URL's shard open: a shard is named
+        the next name the ledger has not recorded, so two open at once took the same name."""
+        if url != self._open:
+            for other in self._writers.values():
+                other.close()
+            self._open = url
         writer = self._writers.get(url)
         if writer is None:
             names = iter(self.ledger.next_name, None)
