@@ -83,7 +83,9 @@ def test_dry_runs_call_nothing_and_count_what_the_cli_counts(
     store = build_store(tmp_path / "store", docs(12))
     exam = ragexam.generate(store, limit=5, dry_run=True)
     assert exam.paths == {} and exam.figures["calls"] == 5
-    whole = ragexam.run(store, samples=2, control_runs=True, controls=3, dry_run=True)
+    whole = ragexam.run(
+        store, samples=2, control_runs=True, controls=3, embedding="openai:e", dry_run=True
+    )
     assert env.count() == 0 and env.count("/embeddings") == 0
     assert not (tmp_path / "outputs" / "qa_dataset.csv").exists()
     calls = {e["stage"]: e["calls"] for e in whole.figures["estimates"]}
@@ -99,7 +101,8 @@ def test_dry_runs_call_nothing_and_count_what_the_cli_counts(
         "answer_closed_book": 12,
         "judge_closed_book": 24,
     }
-    dry = run_cli("run", "--chroma", str(store), "--samples", "2", "--control-runs", *JUDGE_3)
+    args = ("run", "--chroma", str(store), "--embedding", "openai:e", "--samples", "2")
+    dry = run_cli(*args, "--control-runs", *JUDGE_3)
     assert dry.exit_code == 0, dry.output
     assert f"total: {sum(calls.values())} calls" in dry.output
     assert env.count() == 0

@@ -99,7 +99,7 @@ def test_run_dry_run_estimates_every_stage_with_samples_and_controls(
 ) -> None:
     store = build_store(tmp_path / "store", docs(12))
     args = ("run", "--chroma", str(store), "--out", "run", "--samples", "2", "--control-runs")
-    dry = run_cli(*args, "--dry-run")
+    dry = run_cli(*args, "--embedding", "openai:e", "--dry-run")
     assert dry.exit_code == 0, dry.output
     assert env.count() == 0 and env.count("/embeddings") == 0
     found = {stage: figures["calls"] for stage, figures in estimates(dry.output).items()}

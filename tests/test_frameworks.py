@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import support
 from frameworks import (
     CORPUS,
     DIM,
@@ -217,3 +218,8 @@ def test_the_no_function_message_blames_langchain_only_for_its_stores(
     assert "has no embedding function stored with it" in said
     assert ("LangChain" in said) == blamed
     assert env.count() == 0  # run checks answer's inputs before generate pays for a call
+    support.exam(tmp_path / "exam", 3)  # for answer: an exam it would answer
+    for command in ("run", "answer"):  # a dry run says what the command would refuse
+        dry = run_cli(command, "--chroma", str(store), "--out", "exam", "--dry-run")
+        assert dry.exit_code == 2 and " ".join(dry.output.split()) == said, dry.output
+    assert env.count() == 0 and env.count("/embeddings") == 0

@@ -51,8 +51,11 @@ def test_run_limit_applies_to_every_stage(env: FakeOpenAI, tmp_path: Path) -> No
     assert env.count() - before == 4 + 8
 
 
-def test_old_spellings_still_work_and_say_what_to_use(env: FakeOpenAI, tmp_path: Path) -> None:
+def test_old_spellings_still_work_and_say_what_to_use(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = str(build_store(tmp_path / "store", docs(4)))
+    monkeypatch.setenv("RAGEXAM_EMBEDDING", "openai:e")  # the store has no function of its own
     old = run_cli("run", "--chroma", store, "--controls", "--judge-controls", "1", "--dry-run")
     new = run_cli("run", "--chroma", store, "--control-runs", "--controls", "1", "--dry-run")
     assert old.exit_code == new.exit_code == 0, old.output

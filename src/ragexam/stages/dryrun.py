@@ -32,6 +32,7 @@ from ragexam.llm.prices import batch_price, price_of
 from ragexam.llm.prompts import context_block, load_prompt
 from ragexam.options import DEFAULT_K, Given
 from ragexam.rag.base import Question
+from ragexam.rag.embedders import CollectionEmbedder
 from ragexam.rag.given import PROMPTS
 from ragexam.stages.answer import needs_store, read_questions
 from ragexam.stages.exams import Exam, Exams, load_exams
@@ -246,9 +247,25 @@ def estimate_answer(settings: Settings, given: Given, session: Session) -> Estim
     store = store_ref(given, settings, session) if needs_store(given) else None
     collection = open_collection(store) if store is not None else None
     try:
+        refused_embedding(settings, given, collection)
         return _answers(settings, given, questions, collection, real=True)
     finally:
         release(store)
+
+
+def refused_embedding(settings: Settings, given: Given, collection: Any) -> None:
+    """Raise what the built-in answerer's question embedding would refuse, found without a
+    call: a collection with no embedding function stored, one that cannot be made (a key
+    variable unset), or one whose endpoint would get a key it may not. The command itself
+    refuses these before its first call; its dry run says so too, not an estimate."""
+    asked = given.answering
+    if (
+        collection is not None
+        and asked.rag in (None, "")
+        and asked.context == AnswerContext.retrieved
+        and settings.embedding == "collection"
+    ):
+        CollectionEmbedder(collection, settings, given.store.trust_store_endpoint)
 
 
 def _answers(
@@ -364,6 +381,7 @@ def estimate_run(settings: Settings, given: Given, session: Session) -> list[Est
     store = store_ref(given, settings, session)
     collection = open_collection(store)
     try:
+        refused_embedding(settings, given, collection)
         chunks = islice(iter_chunks(collection, given.exam.doc_key), given.calls.limit)
         kept = [chunk for chunk in chunks if chunk.text.strip()]
         half = _filler(OUTPUT_TOKENS["generate"] / 2)
