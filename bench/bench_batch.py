@@ -42,7 +42,7 @@ from bench_stats import _maxrss_mb, timed, write_run
 from common import ROOT, FakeOpenAI, run_stage
 
 JUDGE_INPUTS = ("qa_dataset.csv", "answers.csv")
-READS = 3  # read_csv is timed this many times, and the best taken: on this VM, 4.7-7.0 s
+READS = 3  # read_csv is timed this many times, and the best taken: on this VM, 4.2-7.0 s
 REPLY = {
     "reasoning": "The answer has the ground truth's two facts, and one more.",
     "conciseness": 0.7,

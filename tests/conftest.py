@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -37,8 +39,6 @@ def fake_llm() -> Iterator[FakeOpenAI]:
 
 def _signal_state() -> tuple[Any, ...]:
     """Ctrl-C's and SIGTERM's handlers, and the signals blocked or pending in this thread."""
-    import signal
-
     handlers = tuple(signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM))
     return *handlers, signal.pthread_sigmask(signal.SIG_BLOCK, []), signal.sigpending()
 
@@ -47,8 +47,6 @@ def _signal_state() -> tuple[Any, ...]:
 def signals_left_as_found() -> Iterator[None]:
     """A test leaves the process's signals as it found them: a later test that interrupts a
     run in this process would otherwise not stop it, or wait for ever."""
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return

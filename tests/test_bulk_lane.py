@@ -245,8 +245,9 @@ def test_requests_to_two_urls_go_into_shards_each_of_its_own_name(
     env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A shard's name is the next the ledger has not recorded: two shards open at once took
-    the same name, and one was written over the other. A pass whose rows ask two URLs (every
-    other row, here) finishes one URL's shard before it writes the other's."""
+    the same name, and the second could not take it (exit 2, on every rerun). A pass whose
+    rows ask two URLs (every other row, here) finishes one URL's shard before it writes the
+    other's."""
     real, turn = LLM.request_of, itertools.count()
 
     def two_urls(self: LLM, call: Any, body: bool = True) -> Any:

@@ -247,13 +247,13 @@ def estimate_answer(settings: Settings, given: Given, session: Session) -> Estim
     store = store_ref(given, settings, session) if needs_store(given) else None
     collection = open_collection(store) if store is not None else None
     try:
-        refused_embedding(settings, given, collection)
+        _refused_embedding(settings, given, collection)
         return _answers(settings, given, questions, collection, real=True)
     finally:
         release(store)
 
 
-def refused_embedding(settings: Settings, given: Given, collection: Any) -> None:
+def _refused_embedding(settings: Settings, given: Given, collection: Any) -> None:
     """Raise what the built-in answerer's question embedding would refuse, found without a
     call: a collection with no embedding function stored, one that cannot be made (a key
     variable unset), or one whose endpoint would get a key it may not. The command itself
@@ -381,7 +381,7 @@ def estimate_run(settings: Settings, given: Given, session: Session) -> list[Est
     store = store_ref(given, settings, session)
     collection = open_collection(store)
     try:
-        refused_embedding(settings, given, collection)
+        _refused_embedding(settings, given, collection)
         chunks = islice(iter_chunks(collection, given.exam.doc_key), given.calls.limit)
         kept = [chunk for chunk in chunks if chunk.text.strip()]
         half = _filler(OUTPUT_TOKENS["generate"] / 2)
