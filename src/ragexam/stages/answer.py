@@ -121,6 +121,12 @@ def run_answer(settings: Settings, given: Given, session: Session) -> StageResul
     return StageResult(outcome, stage.path, skipped, keys=keys)
 
 
+def embeds_questions(given: Given) -> bool:
+    """Whether `answer` embeds the questions: the built-in chain, retrieving."""
+    asked = given.answering
+    return asked.rag in (None, "") and asked.context == AnswerContext.retrieved
+
+
 def check_inputs(settings: Settings, given: Given, session: Session) -> None:
     """What `answer` would refuse, found before `run` pays for the exam: the --rag module,
     the store, and that its chunks are embedded as the questions will be."""
@@ -128,7 +134,7 @@ def check_inputs(settings: Settings, given: Given, session: Session) -> None:
     if asked.rag not in (None, ""):
         rag_object(asked.rag)
         return
-    if asked.context != AnswerContext.retrieved:
+    if not embeds_questions(given):
         return
     store = store_ref(given, settings, session)
     collection = open_collection(store)

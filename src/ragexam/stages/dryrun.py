@@ -34,7 +34,7 @@ from ragexam.options import DEFAULT_K, Given
 from ragexam.rag.base import Question
 from ragexam.rag.embedders import CollectionEmbedder
 from ragexam.rag.given import PROMPTS
-from ragexam.stages.answer import needs_store, read_questions
+from ragexam.stages.answer import embeds_questions, needs_store, read_questions
 from ragexam.stages.exams import Exam, Exams, load_exams
 from ragexam.stages.generate import GeneratePlan, qa_id_for
 from ragexam.stages.harder import harder_held
@@ -258,13 +258,7 @@ def _refused_embedding(settings: Settings, given: Given, collection: Any) -> Non
     call: a collection with no embedding function stored, one that cannot be made (a key
     variable unset), or one whose endpoint would get a key it may not. The command itself
     refuses these before its first call; its dry run says so too, not an estimate."""
-    asked = given.answering
-    if (
-        collection is not None
-        and asked.rag in (None, "")
-        and asked.context == AnswerContext.retrieved
-        and settings.embedding == "collection"
-    ):
+    if collection is not None and embeds_questions(given) and settings.embedding == "collection":
         CollectionEmbedder(collection, settings, given.store.trust_store_endpoint)
 
 
