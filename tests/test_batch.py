@@ -706,6 +706,26 @@ def test_an_endpoint_without_a_batch_api_is_told_to_use_batch_dir(
     assert len(written) == 3
 
 
+def test_requests_never_sent_whose_rows_another_road_took_are_not_counted_sent(
+    batch_env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # The shard the first run wrote never reached the endpoint; the sync road took one of its
+    # rows and dropped it. The job's record counted its three requests as sent all the same:
+    # "5 requests sent" where the server ran 2.
+    exam(tmp_path / "run", 3)
+    no_api = HttpReply(404, None, raw=b"")
+    batch_env.batch.alter = altering("POST", "/v1/files", lambda _: no_api)
+    assert judge().exit_code == 4
+    batch_env.batch.alter = None
+    synced = run_cli("judge", "--out", "run", "--controls", "0", "--limit", "1")
+    assert synced.exit_code == 0, synced.output
+    result = judge()
+    assert result.exit_code == 0, result.output
+    assert len(batch_env.batch_requests) == 2 and len(judged(tmp_path)) == 3
+    assert manifest(tmp_path)["stages"]["judge"]["batch"]["requests"] == 2
+    assert "2 requests sent, 2 merged" in " ".join(result.output.split())
+
+
 def without_the_limit(method: str, path: str, reply: HttpReply) -> HttpReply:
     """A Batch API whose refusals name no limit: 'Limit: N enqueued tokens.' taken out."""
     errors = (reply.payload or {}).get("errors") if isinstance(reply.payload, dict) else None

@@ -16,7 +16,8 @@ named otherwise on the next run; others (a --batch-dir) are recorded resolved.
     making     a refused shard's batch is about to be made again (a kill leaves it to look up)
     ended      its batch ended (status), its results are on disk (files)
     resolved   every line has a result: its rows are no longer in flight
-    dropped    never sent (not uploaded, or its batch refused): another road took its rows
+    dropped    never sent (not uploaded, or its batch refused): another road took its rows;
+               the batch job's totals without its requests
     merged     one pass done: the result files whose lines are spent (rows were written from
                them), the file of results carried to a later pass, the --batch-dir files
                merged as they were (size, mtime), and the batch job's totals, all in one
@@ -178,8 +179,16 @@ class Ledger:
         other = [shard for shard in self.waiting() if shard.mode != mode]
         for shard in other:
             if not shard.sent:
-                self.record("dropped", name=shard.name)
+                self.record("dropped", name=shard.name, **self._unsent(shard))
         return [shard for shard in other if shard.sent]
+
+    def _unsent(self, shard: ShardState) -> dict[str, Any]:
+        """The batch job's totals without a shard dropped unsent: its `shard` event counted
+        its requests as sent (nothing, for a job that does not count them)."""
+        sent = self.job.get("requests")
+        if type(sent) is not int:
+            return {}
+        return {"job": {**self.job, "requests": max(0, sent - shard.lines)}}
 
     def held(self) -> list[Path]:
         """Result files on disk, paid for and not merged yet: a batch's, downloaded by a run
