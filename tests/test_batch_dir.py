@@ -313,6 +313,23 @@ def test_a_batch_dir_that_is_a_file_is_one_line(
     assert "bug" not in result.output and len(result.output.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("inner", ["requests", "results", "requests/done"])
+def test_a_file_where_the_batch_dir_keeps_a_folder_is_one_line(
+    env: FakeOpenAI, tmp_path: Path, inner: str
+) -> None:
+    """It was 'Internal error: FileExistsError ... This is a bug'."""
+    exam(tmp_path / "run", 2)
+    (tmp_path / "files" / inner).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "files" / inner).write_text("not a folder")
+    result = run_cli("judge", "--out", "run", "--controls", "0", "--batch-dir", "files")
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [
+        f"Error: --batch-dir files: {Path('files', inner)} is a file, where ragexam keeps a "
+        "folder: move it, or name another --batch-dir"
+    ]
+    assert (tmp_path / "files" / inner).read_text() == "not a folder"
+
+
 def test_harder_questions_are_refused_on_the_batch_road_before_any_call(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:

@@ -1,4 +1,4 @@
-"""A truly full disk: a small tmpfs mounted as the run folder's file system."""
+"""A truly full disk, or a read-only one: a small tmpfs mounted as the run folder's file system."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 from openai_server import FakeOpenAI
-from support import exam, questions, rag_module, read_csv, run_cli
+from support import exam, questions, rag_module, read_csv, run_batch_files, run_cli
+
+from ragexam import api
 
 N = 80
 
@@ -35,6 +37,12 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 def grow(disk: Path) -> None:
     """Give the full disk room: a bigger tmpfs, with the same files."""
     subprocess.run(["mount", "-o", "remount,size=4m", str(disk)], check=True, timeout=30)
+
+
+def read_only(disk: Path, ro: bool = True) -> None:
+    """Make the disk read-only (a file system remounted so, a bind mount of another's), or not."""
+    remount = ["mount", "-o", f"remount,{'ro' if ro else 'rw'}", str(disk)]
+    subprocess.run(remount, check=True, timeout=30)
 
 
 @pytest.mark.slow
@@ -103,3 +111,43 @@ def test_a_full_disk_under_the_request_shards_is_one_line_and_sends_nothing_half
         for line in shard.read_text().splitlines()
     ]
     assert sorted(sent) == sorted(f"q{i}" for i in range(N))
+
+
+@pytest.mark.slow
+def test_a_batch_dir_on_a_read_only_disk_is_one_line_and_loses_nothing(
+    env: FakeOpenAI, tmp_path: Path, small_disk: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It was "Internal error: OSError ... This is a bug", before any request was written, and
+    # (exit 2) after every row was merged from its result.
+    exam(tmp_path / "run", 3)
+    files = small_disk / "files"
+    args = ["judge", "--out", str(tmp_path / "run"), "--controls", "0", "--batch-dir", str(files)]
+    read_only(small_disk)
+    refused = run_cli(*args)
+    assert refused.exit_code == 2, refused.output
+    assert refused.output.strip().splitlines() == [
+        f"Error: {files}: cannot be written (Read-only file system); pass a writable --batch-dir"
+    ]
+    assert not files.exists() and env.count() == 0
+    read_only(small_disk, False)
+    assert run_cli(*args).exit_code == 75
+    assert run_batch_files(env, files) == 3
+    read_only(small_disk)
+    assert run_cli(*args).exit_code == 2  # refused before the merge, as before the requests
+    assert read_csv(tmp_path / "run" / "judgments.csv") == []
+    # made read-only after that check: the rows are merged, the shard cannot be moved aside
+    monkeypatch.setattr(api, "unwritable", lambda _: None)
+    late = run_cli(*args)
+    assert late.exit_code == 2, late.output
+    (shard,) = (files / "requests").glob("*.jsonl")
+    assert late.output.strip().splitlines()[-1] == (
+        f"Error: {files / 'requests' / 'done' / shard.name}: cannot be written: "
+        "Read-only file system"
+    )
+    assert [row["status"] for row in read_csv(tmp_path / "run" / "judgments.csv")] == ["ok"] * 3
+    read_only(small_disk, False)
+    done = run_cli(*args)
+    assert done.exit_code == 0, done.output
+    assert len(read_csv(tmp_path / "run" / "judgments.csv")) == 3
+    assert not (files / "requests" / shard.name).exists()
+    assert (files / "requests" / "done" / shard.name).exists()

@@ -28,7 +28,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ragexam.config import Scale
-from ragexam.errors import BatchPending, ConfigError, InputFileError, TooManyErrors
+from ragexam.errors import (
+    BatchPending,
+    ConfigError,
+    InputFileError,
+    OutputFileError,
+    TooManyErrors,
+)
+from ragexam.io.atomic import unwritable
 from ragexam.io.runfolder import CONTROL_RUNS, RunFolder
 from ragexam.options import (
     ANSWER,
@@ -355,13 +362,26 @@ def _waiting(*results: Result) -> None:
 
 
 def _check_batch_dir(folder: Path) -> None:
-    """A --batch-dir that is a file, or under one, is refused in a line naming it."""
+    """A --batch-dir that is a file, or under one, or holds a file where its requests or
+    results go, or whose requests cannot be written, is refused in a line naming it."""
     for place in (folder, *folder.parents):
         if place.exists():
             if not place.is_dir():
                 what = "is a file" if place == folder else f"is under {place}, a file"
                 raise ConfigError(f"--batch-dir {folder} {what}, not a folder: name a folder")
-            return
+            break
+    requests = folder / "requests"
+    for place in (requests, requests / "done", folder / "results"):
+        if place.exists() and not place.is_dir():
+            raise ConfigError(
+                f"--batch-dir {folder}: {place} is a file, where ragexam keeps a folder: "
+                "move it, or name another --batch-dir"
+            )
+    for place in (folder, requests, requests / "done"):  # or the folder it would be made in
+        if (reason := unwritable(place)) is not None:
+            raise OutputFileError(
+                place, f"cannot be written ({reason}); pass a writable --batch-dir"
+            )
 
 
 def _check_batch(given: Given) -> None:

@@ -37,6 +37,16 @@ def folder_error(path: Path, exc: OSError) -> OutputFileError:
     )
 
 
+def unwritable(folder: Path) -> str | None:
+    """Why files cannot be made in a folder (or, if it does not exist yet, in the nearest
+    folder it would be made in), as the system would say it; None when they can."""
+    place = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if place is None or os.access(place, os.W_OK | os.X_OK):
+        return None
+    read_only = os.statvfs(place).f_flag & os.ST_RDONLY
+    return os.strerror(errno.EROFS if read_only else errno.EACCES)
+
+
 @contextmanager
 def atomic_file(path: Path) -> Iterator[IO[str]]:
     """Write a text file under a unique temporary name, then rename it over `path`.

@@ -114,11 +114,16 @@ class ShardWriter:
 
     def _open(self) -> None:
         self._name = next(self.names)
-        for folder in (self.folder, self.ids_folder):
-            folder.mkdir(parents=True, exist_ok=True)
-        self._file = _Behind(self._part(self.folder / f"{self._name}.jsonl"))
-        ids = self._part(self.ids_folder / f"{self._name}.ids")
-        self._ids = ids.open("w", encoding="utf-8", buffering=BUFFER)
+        path = self.folder / f"{self._name}.jsonl"
+        try:
+            for folder in (self.folder, self.ids_folder):
+                folder.mkdir(parents=True, exist_ok=True)
+            self._file = _Behind(self._part(path))
+            ids = self._part(self.ids_folder / f"{self._name}.ids")
+            self._ids = ids.open("w", encoding="utf-8", buffering=BUFFER)
+        except OSError as exc:  # a folder made read-only, or full, since the run began
+            self.abandon()
+            raise write_error(path, exc) from None
         self._count = self._size = 0
 
     @staticmethod

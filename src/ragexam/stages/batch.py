@@ -24,6 +24,7 @@ import openai
 
 from ragexam.config import Settings
 from ragexam.errors import ConfigError, EndpointError
+from ragexam.io.atomic import write_error
 from ragexam.io.batchfiles import Shard
 from ragexam.io.ledger import Ledger, ShardState
 from ragexam.io.runfolder import RunFolder, file_identity
@@ -380,7 +381,10 @@ class BatchRoad:
         seen = [[path, *file_identity(path)] for path in new]
         await self.round(folder / "requests", new, seen)
         if self.out:  # where the engine writes its results: `vllm run-batch -o` makes no folder
-            (folder / "results").mkdir(parents=True, exist_ok=True)
+            try:
+                (folder / "results").mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise write_error(folder / "results", exc) from None
         self.resolve(folder / "requests" / "done")
         self.waiting = len(self.out)
 
@@ -425,8 +429,11 @@ class BatchRoad:
             if out and any(out.get(key) == request for key, request in requests_of(shard)):
                 continue
             if shard.path.exists():  # moved first: a kill between leaves it to resolve again
-                done.mkdir(parents=True, exist_ok=True)
-                shutil.move(str(shard.path), str(done / shard.path.name))
+                try:
+                    done.mkdir(parents=True, exist_ok=True)
+                    shutil.move(str(shard.path), str(done / shard.path.name))
+                except OSError as exc:
+                    raise write_error(done / shard.path.name, exc) from None
             self.ledger.record("resolved", name=shard.name)
 
     def note(self, text: str, views: list[Any] | None = None) -> None:
