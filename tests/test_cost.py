@@ -226,6 +226,36 @@ def test_the_folders_total_adds_up_every_run_and_a_rerun_with_nothing_to_do_keep
         assert record["cost_usd"] == 0 and record["spent_usd"] > 0
 
 
+@pytest.mark.parametrize("control_runs", [False, True], ids=["exam", "control-runs"])
+def test_a_run_dry_run_counts_the_rows_a_real_run_still_does(
+    env: FakeOpenAI, tmp_path: Path, control_runs: bool
+) -> None:
+    # After a run of 4 of 6 chunks, `run --dry-run` counted every grade again (each judged a
+    # stand-in answer), and the controls' with them: "judge: 6 rows to do" where `run` did 2.
+    env.embedding_dim = 16
+    store = build_store(tmp_path / "store", docs(6))
+    args = ("run", "--chroma", str(store), "--out", "run", "--embedding", "openai:e")
+    args += ("--controls", "2", *(("--control-runs",) if control_runs else ()))
+    assert run_cli(*args, "--limit", "4").exit_code == 0
+    dry = run_cli(*args, "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    guess = estimates(dry.output)
+    before = env.count()
+    real = run_cli(*args)
+    assert real.exit_code == 0, real.output
+    made = {}
+    for folder, suffix in (("", ""), ("gold", "_gold"), ("closed_book", "_closed_book")):
+        if (tmp_path / "run" / folder / "manifest.json").exists():
+            stages = manifest(tmp_path / "run" / folder)["stages"]
+            made |= {stage + suffix: record["calls"] for stage, record in stages.items()}
+    assert {stage: made[stage] for stage in guess} == {s: f["calls"] for s, f in guess.items()}
+    assert guess["judge"]["rows"] == 2 and len(guess) == (8 if control_runs else 4)
+    assert sum(made[stage] for stage in guess) == env.count() - before
+    again = run_cli(*args, "--dry-run")
+    assert again.exit_code == 0, again.output
+    assert {figures["calls"] for figures in estimates(again.output).values()} == {0}
+
+
 def test_a_dry_run_counts_the_rows_whose_input_changed_as_a_real_run_redoes_them(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:

@@ -29,13 +29,14 @@ from ragexam.io.ledger import Ledger
 from ragexam.io.runfolder import CONTROL_RUNS, RunFolder
 from ragexam.llm.pacing import estimate_tokens, text_tokens
 from ragexam.llm.prices import batch_price, price_of
-from ragexam.llm.prompts import context_block, load_prompt
+from ragexam.llm.prompts import Prompt, context_block, load_prompt
 from ragexam.options import DEFAULT_K, Given
 from ragexam.rag.base import Question
 from ragexam.rag.embedders import CollectionEmbedder
 from ragexam.rag.given import PROMPTS
 from ragexam.stages.answer import embeds_questions, needs_store, read_questions
-from ragexam.stages.exams import Exam, Exams, load_exams
+from ragexam.stages.exams import Exam, Exams, load_exams, read_exams
+from ragexam.stages.exams import inputs as exam_inputs
 from ragexam.stages.generate import GeneratePlan, qa_id_for
 from ragexam.stages.harder import harder_held
 from ragexam.stages.judge import ControlPlan, JudgePlan, sources_of
@@ -177,6 +178,13 @@ def _done(rows: list[dict[str, str]], key: str) -> tuple[set[str], float | None]
 def estimate_generate(settings: Settings, given: Given, session: Session) -> list[Estimate]:
     """generate: one call per chunk still to do, except empty chunks; then the harder
     questions still wanted (harder_estimates)."""
+    return _generated(settings, given, session)[0]
+
+
+def _generated(
+    settings: Settings, given: Given, session: Session
+) -> tuple[list[Estimate], set[str]]:
+    """generate's estimates, and the questions of the folder's exam it keeps as they are."""
     store = store_ref(given, settings, session)
     plan = GeneratePlan(settings, given, store, open_collection(store), session)
     try:
@@ -194,7 +202,7 @@ def estimate_generate(settings: Settings, given: Given, session: Session) -> lis
             )
             prompts += [plan.critic.template.format_messages(**value) for value in values]
         single = estimate("generate", plan.llm.model, rows, prompts, settings, per_call, out)
-        return [single, *harder_estimates(plan, done, settings)]
+        return [single, *harder_estimates(plan, done, settings)], done
     finally:
         release(store)
 
@@ -248,7 +256,7 @@ def estimate_answer(settings: Settings, given: Given, session: Session) -> Estim
     collection = open_collection(store) if store is not None else None
     try:
         _refused_embedding(settings, given, collection)
-        return _answers(settings, given, questions, collection, real=True)
+        return _answers(settings, given, questions, collection)
     finally:
         release(store)
 
@@ -262,19 +270,29 @@ def _refused_embedding(settings: Settings, given: Given, collection: Any) -> Non
         CollectionEmbedder(collection, settings, given.store.trust_store_endpoint)
 
 
-def _answers(
-    settings: Settings,
-    given: Given,
-    questions: list[Question],
-    collection: Any,
-    real: bool = False,
-) -> Estimate:
-    """The answer prompts of the questions not answered yet, in the options' context (`real`:
-    the exam's own questions, whose answers made from other versions of them are redone)."""
+def _answered(
+    settings: Settings, given: Given, questions: list[Question]
+) -> tuple[set[str], float | None, Prompt]:
+    """The answers the folder holds that `answer` keeps (made from the question as it is, by
+    this model and prompt), their output per call, and the prompt, in the options' context."""
     model, context = settings.model_for("answer"), given.answering.context
     prompt = load_prompt(PROMPTS.get(context, "answer"), settings.prompts_dir)
-    now = (lambda: {q.qa_id: q.input_hash for q in questions}) if real else None
-    done, per_call = done_rows(RunFolder(given.out).answers, model, prompt.hash, inputs=now)
+    done, per_call = done_rows(
+        RunFolder(given.out).answers,
+        model,
+        prompt.hash,
+        inputs=lambda: {question.qa_id: question.input_hash for question in questions},
+    )
+    return done, per_call, prompt
+
+
+def _answers(
+    settings: Settings, given: Given, questions: list[Question], collection: Any
+) -> Estimate:
+    """The answer prompts of the questions not answered yet, in the options' context: an
+    answer made from another version of its question is redone."""
+    model, context = settings.model_for("answer"), given.answering.context
+    done, per_call, prompt = _answered(settings, given, questions)
     done, out = out_in_batches(RunFolder(given.out), "answer", done, given.calls.batch)
     pending = [question for question in questions if question.qa_id not in done]
     k = given.answering.k or DEFAULT_K
@@ -371,7 +389,7 @@ def estimate_run(settings: Settings, given: Given, session: Session) -> list[Est
     """Every stage of `run`; answer and judge on stand-ins for texts that do not exist yet
     (with --qa-dataset, no generate, and the answers to that exam's questions)."""
     given_exam = given.inputs.qa_dataset
-    written = [] if given_exam else estimate_generate(settings, given, session)
+    written, kept_questions = ([], set()) if given_exam else _generated(settings, given, session)
     store = store_ref(given, settings, session)
     collection = open_collection(store)
     try:
@@ -383,6 +401,7 @@ def estimate_run(settings: Settings, given: Given, session: Session) -> list[Est
         if given_exam:
             questions = read_questions(given_exam)[0][: given.calls.limit]
         else:
+            questions = _held(given, questions, kept_questions)
             questions += _harder_questions(given, [chunk.id for chunk in kept], half)
         second = _answers(settings, given, questions, collection)
         if given.answering.rag is not None:
@@ -403,16 +422,46 @@ def estimate_run(settings: Settings, given: Given, session: Session) -> list[Est
         ]  # fmt: skip
         # generate writes key points: the judge grades by them unless --scale says otherwise
         scale = given.grading.scale or Scale.key_points
-        graded = stand_ins(Exams(exams, 0, scale, True))
-        estimates = [*written, second, *_judge(settings, given, graded, session)]
+
+        def graded(where: Given) -> Exams:
+            sat = _sat(settings, where, questions, exams)
+            return stand_ins(Exams(sat, 0, scale, True))
+
+        estimates = [*written, second, *_judge(settings, given, graded(given), session)]
         for folder, context in CONTROL_RUNS.items() if given.grading.control_runs else ():
             where = given.but(out=given.out / folder, context=context)
             estimates.append(_named(_answers(settings, where, questions, collection), folder))
             graders = where.but(controls=0, with_context=False)
-            estimates += [_named(e, folder) for e in _judge(settings, graders, graded, session)]
+            judged = _judge(settings, graders, graded(graders), session)
+            estimates += [_named(e, folder) for e in judged]
     finally:
         release(store)
     return estimates
+
+
+def _held(given: Given, questions: list[Question], kept: set[str]) -> list[Question]:
+    """The questions of the run's exam: those its folder holds that generate keeps, as they
+    are; stand-ins for those still to write."""
+    path = RunFolder(given.out).qa_dataset
+    if not kept or not path.exists():
+        return questions
+    held = {question.qa_id: question for question in read_questions(path)[0]}
+    return [held[q.qa_id] if q.qa_id in kept and q.qa_id in held else q for q in questions]
+
+
+def _sat(
+    settings: Settings, given: Given, questions: list[Question], exams: list[Exam]
+) -> list[Exam]:
+    """What the judge of a run grades: each answer the folder holds that `answer` keeps, as
+    it is; for those still to write, the stand-ins `exams`."""
+    qa_path, answers_path = exam_inputs(given)
+    if not qa_path.exists() or not answers_path.exists():
+        return exams
+    kept = _answered(settings, given, questions)[0]
+    folder = RunFolder(given.out)
+    held = read_exams(qa_path, answers_path, folder.key_points, given.grading.with_context)[0]
+    answered = {exam.qa_id: exam for exam in held if exam.qa_id in kept}
+    return [answered.get(exam.qa_id, exam) for exam in exams]
 
 
 def _harder_questions(given: Given, chunks: list[str], text: str) -> list[Question]:
