@@ -105,6 +105,9 @@ def without_column(path: Path, name: str) -> bytes:
         ("generate", "qa_dataset.csv", "question"),
         ("answer", "answers.csv", "answer"),
         ("judge", "judgments.csv", "completeness"),
+        # every row would read as not ok: each paid for again, the grades dropped unsaid
+        ("judge", "judgments.csv", "status"),
+        ("answer", "answers.csv", "status"),
     ],
 )
 def test_an_output_that_lost_a_value_column_is_refused_not_resumed_empty(

@@ -232,7 +232,9 @@ class Runner:
         earlier: Sent | None = None,
     ) -> None:
         self.stage = stage
-        self.log = RowLog(stage.path, stage.all_columns(), (stage.key, *stage.required))
+        # without its status, every row reads as not ok: each would be paid for again
+        required = (stage.key, "status", *stage.required)
+        self.log = RowLog(stage.path, stage.all_columns(), required)
         self.concurrency = concurrency
         self.force = force
         self.redact = redact
