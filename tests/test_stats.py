@@ -199,6 +199,9 @@ def test_later_stages_not_run_yet_leave_every_question_pending(tmp_path: Path) -
         ("repeated id", "qa_dataset.csv: repeats qa_id 'a1'"),
         ("nan score", "judgments.csv, line 2: completeness is 'nan', not a number"),
         ("torn", "answers.csv, line 14: ends inside a quoted field"),
+        # a last line cut short, as a crash leaves it: pandas filled its cells with nothing
+        ("cut judgments", "judgments.csv, line 11: has 3 fields where the header has 5"),
+        ("cut answers", "answers.csv, line 13: has 3 fields where the header has 6"),
         ("folder", "judgments.csv: is a folder, not a CSV file"),
     ],
 )
@@ -219,6 +222,10 @@ def test_bad_input_is_one_line(tmp_path: Path, change: str, message: str) -> Non
         judgments.write_text(judgments.read_text().replace("a1,1.0,", "a1,2.0,"))
     elif change == "nan score":
         judgments.write_text(judgments.read_text().replace("a1,1.0,", "a1,nan,"))
+    elif change.startswith("cut"):
+        cut = judgments if change == "cut judgments" else answers
+        lines = cut.read_text().splitlines(keepends=True)
+        cut.write_text("".join(lines[:-1]) + ",".join(lines[-1].split(",")[:3]))
     elif change == "torn":  # a quoted field opened on the last line, never closed
         answers.write_text(answers.read_text() + 'zz,"A torn answer\n')
     elif change == "folder":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections import Counter
 from contextlib import suppress
 from dataclasses import dataclass
@@ -122,7 +123,7 @@ def _read(path: Path, columns: tuple[str, ...], numbers: tuple[str, ...] = ()) -
             raise InputFileError(path, f"lacks the column(s) {', '.join(missing)}")
         dtypes: dict[str, Any] = {name: "float64" if name in numbers else str for name in columns}
         dtypes |= {name: "category" for name in columns if name in FEW_VALUES}
-        return pd.read_csv(
+        frame = pd.read_csv(
             path,
             usecols=list(columns),
             dtype=dtypes,
@@ -130,6 +131,9 @@ def _read(path: Path, columns: tuple[str, ...], numbers: tuple[str, ...] = ()) -
             na_values={name: [""] for name in numbers},
             encoding="utf-8-sig",
         )
+        if _cut_short(path, frame, numbers):
+            read_rows(path, columns)  # names the line cut short, as the stages do
+        return frame
     except FileNotFoundError:
         raise InputFileError(path, "not found; run the stage that writes it first") from None
     except IsADirectoryError:
@@ -142,6 +146,19 @@ def _read(path: Path, columns: tuple[str, ...], numbers: tuple[str, ...] = ()) -
     except ValueError as exc:  # a number column holds text
         _not_a_number(path, numbers)  # names the cell
         raise InputFileError(path, f"{', '.join(numbers)} must be numbers ({exc})") from None
+
+
+def _cut_short(path: Path, frame: pd.DataFrame, numbers: tuple[str, ...]) -> bool:
+    """Whether a row may have fewer cells than the header: pandas fills those missing with
+    nothing (a text cell, with NaN), and a last line cut short (a crash mid-write) has no end."""
+    if any(frame[name].isna().any() for name in frame.columns if name not in numbers):
+        return True
+    with path.open("rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        if handle.tell() == 0:
+            return False
+        handle.seek(-1, os.SEEK_END)
+        return handle.read(1) != b"\n"
 
 
 def _not_a_number(path: Path, numbers: tuple[str, ...]) -> None:
