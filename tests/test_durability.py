@@ -199,3 +199,30 @@ def test_stats_never_counts_a_grade_of_an_answer_that_changed(
     )
     (overall,) = read_rows(tmp_path / "run" / "summary.csv", ["document"])
     assert overall["completeness_mean"] == "" and overall["pending"] == str(N)
+
+
+def test_answers_forced_under_a_limit_say_what_was_taken_out_and_stats_says_what_to_rerun(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # `answer --force --limit 2` took the other answers out of the file unsaid, and stats
+    # said "rerun judge" of their grades, which found nothing to do.
+    questions(tmp_path / "run")
+    first = rag_module(tmp_path, "sure_rag", "The answer is here.")
+    dunno = rag_module(tmp_path, "unsure_rag", "I don't know.")
+    assert run_cli("answer", "--out", "run", "--rag", first).exit_code == 0
+    assert run_cli("judge", "--out", "run", "--controls", "0").exit_code == 0
+    forced = run_cli("answer", "--out", "run", "--rag", dunno, "--force", "--limit", "2")
+    assert forced.exit_code == 0, forced.output
+    said = " ".join(forced.output.split())
+    assert f"{N - 2} rows made with other settings were taken out by --force" in said
+    assert len(read_csv(tmp_path / "run" / "answers.csv")) == 2
+    stats = run_cli("stats", "--out", "run")
+    said = " ".join(stats.output.split())
+    assert "Warning: 2 grades were made from a question or answer that has changed" in said
+    assert f"Warning: {N - 2} grades are of an answer gone from answers.csv" in said
+    assert "they count as pending: rerun answer, then judge" in said
+    assert run_cli("answer", "--out", "run", "--rag", dunno).exit_code == 0  # as it says
+    regraded = run_cli("judge", "--out", "run", "--controls", "0")
+    assert regraded.exit_code == 0 and f"{N} rows redone" in regraded.output
+    final = run_cli("stats", "--out", "run")
+    assert final.exit_code == 0 and "Warning" not in final.output

@@ -78,6 +78,8 @@ def _summarise_run(options: StatsOptions) -> StatsResult:
     folder = RunFolder(out)
     points = exam_key_points(folder) if graded_by_key_points(folder) else {}
     stale, moved = stale_grades(folder, questions, points), stale_answers(folder, questions)
+    # grades whose answer is gone, or made for another version of its question: answer redoes
+    unanswered = int(((stale & ~questions["answered"].to_numpy(dtype=bool)) | moved).sum())
     questions = drop_stale(questions, stale, moved)
     stale |= moved
     exam = folder.exam()  # answer records where its exam came from
@@ -96,6 +98,7 @@ def _summarise_run(options: StatsOptions) -> StatsResult:
     result = StatsResult(by_document, overall, k, paths, worst, context, options.seed)
     calibration = read_calibration(out)
     result = replace(result, controls=verdict, calibration=calibration, stale=int(stale.sum()))
+    result = replace(result, unanswered=unanswered)
     result = replace(result, questions=questions, out=out, by_kind=kinds)
     result = replace(result, missed=most_missed(folder.judgments, questions, points))
     if int(overall["errors"].iloc[0]):  # why, beside how many

@@ -49,6 +49,7 @@ class StatsResult:
     controls: Verdict | None = None  # the judge's known-answer controls, when it graded some
     calibration: pd.DataFrame | None = None  # calibration.csv, when a person labelled answers
     stale: int = 0  # grades made from a question or answer that has changed: counted pending
+    unanswered: int = 0  # of those, the grades whose answer is gone or answers another question
     questions: pd.DataFrame = field(default_factory=pd.DataFrame)  # every one, for the drill-down
     out: Path | None = None
     missed: pd.DataFrame = field(default_factory=pd.DataFrame)  # each document's most-missed points

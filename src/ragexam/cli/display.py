@@ -267,6 +267,13 @@ def summary_line(stage: str, result: StageResult, skipped_note: str | None = Non
         say(f"  {batch_summary(outcome.batch)}", wrap=True)
     if outcome.redone:
         say(f"  {outcome.redone} rows redone: their input changed since they were made")
+    if outcome.forced_out:
+        say(
+            f"  {outcome.forced_out} rows made with other settings were taken out by --force, "
+            "and this run does not make them again (--limit leaves them out): rerun without "
+            "--limit to make them",
+            wrap=True,
+        )
     if outcome.quarantined:
         bad = result.path.with_name(result.path.name + ".bad-rows")
         say(f"  {outcome.quarantined} unreadable rows moved to {bad} (line numbers kept)")

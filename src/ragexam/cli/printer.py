@@ -152,11 +152,20 @@ class Printer(Observer):
         say(headline(result), wrap=True)
         if result.controls is not None:
             say(result.controls.message())
-        if result.stale:
+        regrade = result.stale - result.unanswered
+        if regrade:
             say(
-                f"Warning: {result.stale} grade{' was' if result.stale == 1 else 's were'} "
+                f"Warning: {regrade} grade{' was' if regrade == 1 else 's were'} "
                 "made from a question or answer that has changed since; "
-                f"{'it counts' if result.stale == 1 else 'they count'} as pending: rerun judge"
+                f"{'it counts' if regrade == 1 else 'they count'} as pending: rerun judge"
+            )
+        if result.unanswered:
+            one = result.unanswered == 1
+            say(
+                f"Warning: {result.unanswered} grade{' is' if one else 's are'} of an answer "
+                "gone from answers.csv or failed since, or made for another version of its "
+                "question; "
+                f"{'it counts' if one else 'they count'} as pending: rerun answer, then judge"
             )
         say(f"report: {result.paths['report']}")
 

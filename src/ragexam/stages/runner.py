@@ -114,6 +114,7 @@ class Outcome:
     redone: int = 0  # rows that were ok, but made from an input that has changed since
     dropped: int = 0  # tasks that wrote no row: harder questions their verification dropped
     quarantined: int = 0  # unreadable rows moved to FILE.bad-rows
+    forced_out: int = 0  # rows of other settings that --force took out, and this run left out
     ok: int = 0
     errors: int = 0
     prompt_tokens: int = 0
@@ -135,6 +136,7 @@ class Outcome:
             "rows_redone": self.redone,
             "rows_quarantined": self.quarantined,
             "rows_dropped": self.dropped,
+            "rows_forced_out": self.forced_out,
             "seconds": round(self.seconds, 3),
             "rows_per_second": round(rows / self.seconds, 2) if self.seconds else None,
             "prompt_tokens": self.prompt_tokens,
@@ -151,7 +153,7 @@ class Outcome:
         """Count in what this command's send phase did of the stage (a run that sent its
         batches without waiting): one command, one account of the stage."""
         self.done_before = earlier.done_before  # the rows it wrote are no rows done before
-        for name in ("redone", "dropped", "quarantined", "ok", "errors", "seconds"):
+        for name in ("redone", "dropped", "quarantined", "forced_out", "ok", "errors", "seconds"):
             setattr(self, name, getattr(self, name) + getattr(earlier, name))
         self.prompt_tokens += earlier.prompt_tokens
         self.completion_tokens += earlier.completion_tokens
@@ -267,8 +269,11 @@ class Runner:
             elif key not in ok:
                 self._previous_errors[key] = row
         self.outcome.quarantined = self.log.quarantined
-        for key in stale_rows(self.stage, ok, self.force):
+        forced = stale_rows(self.stage, ok, self.force)
+        for key in forced:
             del ok[key]
+        if forced:  # taken out of the file: those this run does not want (--limit) are gone
+            self.outcome.forced_out = len(set(forced) - inputs().keys())
         changed = changed_inputs(ok, inputs) if ok else []
         for key in changed:
             del ok[key]
