@@ -29,14 +29,20 @@ from support import (
 from ragexam.io.csvfile import read_rows
 
 
+def graded_then_unsure(tmp_path: Path) -> str:
+    """A run folder `run` of N questions answered surely and graded; the --rag module of an
+    unsure system, to answer them again with."""
+    questions(tmp_path / "run")
+    sure = rag_module(tmp_path, "sure_rag", "The answer is here.")
+    assert run_cli("answer", "--out", "run", "--rag", sure).exit_code == 0
+    assert run_cli("judge", "--out", "run", "--controls", "0").exit_code == 0
+    return rag_module(tmp_path, "unsure_rag", "I don't know.")
+
+
 def test_a_redone_answer_stage_makes_judge_regrade_every_changed_answer(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:
-    questions(tmp_path / "run")
-    first = rag_module(tmp_path, "knows_rag", "The answer is here.")
-    dunno = rag_module(tmp_path, "dunno_rag", "I don't know.")
-    assert run_cli("answer", "--out", "run", "--rag", first).exit_code == 0
-    assert run_cli("judge", "--out", "run", "--controls", "0").exit_code == 0
+    dunno = graded_then_unsure(tmp_path)
     assert env.count() == N
     redo = run_cli("answer", "--out", "run", "--rag", dunno, "--force")
     assert redo.exit_code == 0, redo.output
@@ -184,11 +190,7 @@ def test_a_full_disk_is_one_line_leaves_whole_rows_and_a_failed_manifest(
 def test_stats_never_counts_a_grade_of_an_answer_that_changed(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:
-    questions(tmp_path / "run")
-    first = rag_module(tmp_path, "sure_rag", "The answer is here.")
-    dunno = rag_module(tmp_path, "unsure_rag", "I don't know.")
-    assert run_cli("answer", "--out", "run", "--rag", first).exit_code == 0
-    assert run_cli("judge", "--out", "run", "--controls", "0").exit_code == 0
+    dunno = graded_then_unsure(tmp_path)
     graded = run_cli("stats", "--out", "run")
     assert graded.exit_code == 0 and "Warning" not in graded.output
     assert run_cli("answer", "--out", "run", "--rag", dunno, "--force").exit_code == 0
@@ -206,11 +208,7 @@ def test_answers_forced_under_a_limit_say_what_was_taken_out_and_stats_says_what
 ) -> None:
     # `answer --force --limit 2` took the other answers out of the file unsaid, and stats
     # said "rerun judge" of their grades, which found nothing to do.
-    questions(tmp_path / "run")
-    first = rag_module(tmp_path, "sure_rag", "The answer is here.")
-    dunno = rag_module(tmp_path, "unsure_rag", "I don't know.")
-    assert run_cli("answer", "--out", "run", "--rag", first).exit_code == 0
-    assert run_cli("judge", "--out", "run", "--controls", "0").exit_code == 0
+    dunno = graded_then_unsure(tmp_path)
     forced = run_cli("answer", "--out", "run", "--rag", dunno, "--force", "--limit", "2")
     assert forced.exit_code == 0, forced.output
     said = " ".join(forced.output.split())
