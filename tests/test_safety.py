@@ -68,6 +68,24 @@ def test_empty_collection(env: FakeOpenAI, tmp_path: Path) -> None:
     assert env.count() == 0
 
 
+@pytest.mark.parametrize("named", [[], ["--collection", "docs"]])
+def test_a_store_of_no_collection_says_so(
+    env: FakeOpenAI, tmp_path: Path, named: list[str]
+) -> None:
+    # It said "holds 0 collections (none): choose one with --collection".
+    store = tmp_path / "store"
+    client = chromadb.PersistentClient(path=str(store))
+    client.delete_collection(client.create_collection("gone").name)
+    SharedSystemClient.clear_system_cache()
+    before = snapshot(store)
+    result = run_cli("generate", "--chroma", str(store), "--out", "run", *named)
+    assert result.exit_code == 2
+    assert one_line(result.output) == (
+        f"Error: {store} holds no collection: is it the store your chunks were loaded into?\n"
+    )
+    assert snapshot(store) == before == {} and env.count() == 0
+
+
 def test_several_collections_need_a_name(env: FakeOpenAI, tmp_path: Path) -> None:
     store = build_store(tmp_path / "store", docs(3))
     build_store(store, docs(3, "Other"), collection="second")

@@ -229,6 +229,10 @@ def open_collection(ref: StoreRef) -> Any:
     """The named collection, or the only one; never created, and never empty."""
     client = open_client(ref)
     names = sorted(_name(item) for item in client.list_collections())
+    if not names:  # nothing to choose from
+        raise StoreError(
+            f"{ref.describe()} holds no collection: is it the store your chunks were loaded into?"
+        )
     if ref.collection is None:
         if len(names) != 1:
             found = ", ".join(names) if names else "none"
