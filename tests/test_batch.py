@@ -7,6 +7,7 @@ import io
 import json
 import re
 import shutil
+import socket
 import sys
 import threading
 import time
@@ -724,6 +725,24 @@ def test_requests_never_sent_whose_rows_another_road_took_are_not_counted_sent(
     assert len(batch_env.batch_requests) == 2 and len(judged(tmp_path)) == 3
     assert manifest(tmp_path)["stages"]["judge"]["batch"]["requests"] == 2
     assert "2 requests sent, 2 merged" in " ".join(result.output.split())
+
+
+def test_an_endpoint_nothing_answers_at_is_named_with_the_setting_to_check(
+    batch_env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It said "the endpoint's Batch API failed: cannot connect to the endpoint: Connection
+    # refused", naming neither the URL nor the setting, as the sync road does.
+    exam(tmp_path / "run", 3)
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}/v1"
+    monkeypatch.setenv("OPENAI_BASE_URL", url)
+    monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "0")
+    result = judge()
+    assert result.exit_code == 4, result.output
+    (said,) = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert said.startswith(f"Error: the endpoint's Batch API at {url} failed: cannot connect")
+    assert said.endswith("; check OPENAI_BASE_URL and that it is up")
 
 
 def without_the_limit(method: str, path: str, reply: HttpReply) -> HttpReply:

@@ -242,6 +242,13 @@ class BatchApi:
                 "with --batch-dir DIR instead, for an engine that reads batch files "
                 "(vllm run-batch; docs/batch.md)"
             )
+        if isinstance(exc, openai.APIConnectionError) and not isinstance(
+            exc, openai.APITimeoutError
+        ):  # nothing answered at that URL: the setting, or the server, as on the sync road
+            return EndpointError(
+                f"the endpoint's Batch API at {self.where.rstrip('/')} failed: {reason}; check "
+                "OPENAI_BASE_URL and that it is up"
+            )
         failed = EndpointError(f"the endpoint's Batch API failed: {reason}")
         failed.status = getattr(exc, "status_code", None)  # type: ignore[attr-defined]
         return failed
