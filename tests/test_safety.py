@@ -222,7 +222,7 @@ def test_ctrl_c_keeps_every_finished_row_and_says_so(env: FakeOpenAI, tmp_path: 
     assert 19 <= len(rows) < 100 and {row["status"] for row in rows} == {"ok"}
     # which stage stopped, and what it had written: the rows the file holds (the last one
     # may be written as the signal lands, before it is counted)
-    said = re.search(r"generate stopped: (\d+) rows written this run", stderr)
+    said = re.search(r"generate stopped: (\d+) rows? written this run", stderr)
     assert said is not None and len(rows) - 1 <= int(said.group(1)) <= len(rows), stderr
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     record = manifest["stages"]["generate"]

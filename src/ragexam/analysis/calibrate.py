@@ -155,7 +155,8 @@ def run_calibrate(labels: Path, out: Path, scale: Scale, seed: int = 0) -> Calib
     for metric, (judge, _) in pairs.items():
         if len(judge) < MIN_LABELS:
             notes.append(
-                f"{labels}: only {len(judge)} rows have a {metric} label; a rank correlation "
+                f"{labels}: only {len(judge)} row{' has' if len(judge) == 1 else 's have'} a "
+                f"{metric} label; a rank correlation "
                 f"means little below {MIN_LABELS}, so label more rows"
             )
     figures = [agreement(metric, *pairs[metric], seed) for metric in pairs]

@@ -223,7 +223,9 @@ class BarProgress:
         """What the stage had done when it was stopped: the rows this run wrote."""
         done = int(self.bar.tasks[0].completed)
         errors = f", {self.errors} of them error rows" if self.errors else ""
-        return f"{self.label} stopped: {done} rows written this run{errors}"
+        return (
+            f"{self.label} stopped: {done} row{'' if done == 1 else 's'} written this run{errors}"
+        )
 
 
 @contextmanager
