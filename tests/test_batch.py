@@ -7,7 +7,6 @@ import io
 import json
 import re
 import shutil
-import socket
 import sys
 import threading
 import time
@@ -25,6 +24,7 @@ from openai_server import FakeOpenAI, Faults, Reply
 from rich.console import Console
 from support import (
     build_store,
+    closed_port,
     custom_key,
     docs,
     edit_cell,
@@ -733,9 +733,7 @@ def test_an_endpoint_nothing_answers_at_is_named_with_the_setting_to_check(
     # It said "the endpoint's Batch API failed: cannot connect to the endpoint: Connection
     # refused", naming neither the URL nor the setting, as the sync road does.
     exam(tmp_path / "run", 3)
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{closed.getsockname()[1]}/v1"
+    url = f"http://127.0.0.1:{closed_port()}/v1"
     monkeypatch.setenv("OPENAI_BASE_URL", url)
     monkeypatch.setenv("RAGEXAM_MAX_RETRIES", "0")
     result = judge()

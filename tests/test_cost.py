@@ -10,7 +10,15 @@ from typing import Any
 import pytest
 from langchain_core.documents import Document
 from openai_server import FakeOpenAI
-from support import build_store, docs, exam, gpt_like_tokens, read_csv, run_cli, write_dict_rows
+from support import (
+    build_store,
+    docs,
+    exam,
+    gpt_like_tokens,
+    read_csv,
+    run_cli,
+    write_dict_rows,
+)
 
 # gpt-4o-mini's list price, USD per million tokens (OpenAI's pricing page).
 MINI_INPUT, MINI_OUTPUT = 0.15, 0.60
@@ -226,17 +234,24 @@ def test_the_folders_total_adds_up_every_run_and_a_rerun_with_nothing_to_do_keep
         assert record["cost_usd"] == 0 and record["spent_usd"] > 0
 
 
-@pytest.mark.parametrize("control_runs", [False, True], ids=["exam", "control-runs"])
+@pytest.mark.parametrize("how", ["exam", "control-runs", "rag"])
 def test_a_run_dry_run_counts_the_rows_a_real_run_still_does(
-    env: FakeOpenAI, tmp_path: Path, control_runs: bool
+    env: FakeOpenAI, tmp_path: Path, how: str
 ) -> None:
     # After a run of 4 of 6 chunks, `run --dry-run` counted every grade again (each judged a
     # stand-in answer), and the controls' with them: "judge: 6 rows to do" where `run` did 2.
     env.embedding_dim = 16
     store = build_store(tmp_path / "store", docs(6))
     args = ("run", "--chroma", str(store), "--out", "run", "--embedding", "openai:e")
-    args += ("--controls", "2", *(("--control-runs",) if control_runs else ()))
-    assert run_cli(*args, "--limit", "4").exit_code == 0
+    args += ("--controls", "2", *(("--control-runs",) if how == "control-runs" else ()))
+    if how == "rag":  # a system that retrieves every chunk, by its text
+        texts = [{"text": chunk.page_content} for chunk in docs(6)]
+        rag = f"def answer(question):\n    return 'An answer.', {texts!r}\n"
+        (tmp_path / "dry_rag.py").write_text(rag)
+        args += ("--rag", "dry_rag:answer")
+    control_runs = how == "control-runs"
+    first = run_cli(*args, "--limit", "4")
+    assert first.exit_code == 0, first.output
     dry = run_cli(*args, "--dry-run")
     assert dry.exit_code == 0, dry.output
     guess = estimates(dry.output)
@@ -247,7 +262,7 @@ def test_a_run_dry_run_counts_the_rows_a_real_run_still_does(
     for folder, suffix in (("", ""), ("gold", "_gold"), ("closed_book", "_closed_book")):
         if (tmp_path / "run" / folder / "manifest.json").exists():
             stages = manifest(tmp_path / "run" / folder)["stages"]
-            made |= {stage + suffix: record["calls"] for stage, record in stages.items()}
+            made |= {stage + suffix: record.get("calls", 0) for stage, record in stages.items()}
     assert {stage: made[stage] for stage in guess} == {s: f["calls"] for s, f in guess.items()}
     assert guess["judge"]["rows"] == 2 and len(guess) == (8 if control_runs else 4)
     assert sum(made[stage] for stage in guess) == env.count() - before

@@ -274,13 +274,14 @@ def _answered(
     settings: Settings, given: Given, questions: list[Question]
 ) -> tuple[set[str], float | None, Prompt]:
     """The answers the folder holds that `answer` keeps (made from the question as it is, by
-    this model and prompt), their output per call, and the prompt, in the options' context."""
-    model, context = settings.model_for("answer"), given.answering.context
+    this model and prompt, or --rag system), their output per call, and the prompt, in the
+    options' context."""
+    model, context, rag = settings.model_for("answer"), given.answering.context, given.answering.rag
     prompt = load_prompt(PROMPTS.get(context, "answer"), settings.prompts_dir)
     done, per_call = done_rows(
         RunFolder(given.out).answers,
-        model,
-        prompt.hash,
+        f"rag:{rag}" if rag else model,  # a --rag system's answers: its name, no prompt
+        "" if rag else prompt.hash,
         inputs=lambda: {question.qa_id: question.input_hash for question in questions},
     )
     return done, per_call, prompt
