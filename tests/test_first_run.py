@@ -152,6 +152,24 @@ retrieval_chain = RunnablePassthrough.assign(
 
 def legacy_qa(question):
     return {"result": "legacy answer", "source_documents": _retrieve(question)}
+
+ASKED = []  # what the flaky chains were given
+
+def _flaky(question):
+    ASKED.append(question)
+    if not isinstance(question, str):  # as a string chain's retriever fails on a mapping
+        raise TypeError("expected a string")
+    if question == "q0":
+        raise ValueError("vector db shard down")  # as an output parser fails: a ValueError
+    return {"answer": "an answer", "context": _retrieve(question)}
+
+def _lenient(question):  # takes anything: a mapping as well as the string
+    ASKED.append(question)
+    if question == "q0":
+        raise ValueError("vector db shard down")
+    return {"answer": "an answer", "context": _retrieve(str(question))}
+
+flaky, lenient = RunnableLambda(_flaky), RunnableLambda(_lenient)
 """
 
 
@@ -175,6 +193,40 @@ def test_langchain_outputs_are_accepted(
     assert row["status"] == "ok", row["error"]
     assert (row["answer"], row["target_rank"]) == (answer, rank)
     assert float(row["latency_s"]) >= 0 and row["latency_s"] != ""
+
+
+@pytest.mark.parametrize("target", ["flaky", "lenient"])
+def test_a_chain_that_fails_on_its_first_question_is_its_rows_error_or_said(
+    env: FakeOpenAI, tmp_path: Path, target: str
+) -> None:
+    # Its first question is asked alone before the others: it failed, and its row asked it
+    # again. A ValueError may be a mapping given to a chain that takes a string (LangChain
+    # raises one), so the question goes again as a mapping: a chain that answers that way
+    # (lenient) is asked so from then on, and the failure it hid is said.
+    (tmp_path / f"lc_{target}.py").write_text(LANGCHAIN_RAGS, encoding="utf-8")
+    store = make_store(tmp_path / "store", env)
+    asked = [{"qa_id": f"a{i}", "chunk_id": "c3", "question": f"q{i}"} for i in range(3)]
+    write_qa(tmp_path / "run" / "qa_dataset.csv", asked)
+    args = ("answer", "--chroma", str(store), "--out", "run", "--rag", f"lc_{target}:{target}")
+    result = run_cli(*args, "--max-error-rate", "1", "--concurrency", "1")
+    assert result.exit_code == 0, result.output
+    rows = {row["qa_id"]: row for row in read_csv(tmp_path / "run" / "answers.csv")}
+    assert [rows[f"a{i}"]["status"] for i in (1, 2)] == ["ok", "ok"]
+    mappings = [{key: "q0"} for key in ("input", "question", "query")]
+    given = sys.modules[f"lc_{target}"].ASKED
+    said = " ".join(result.output.split())
+    if target == "flaky":
+        assert rows["a0"]["error"] == "the RAG callable raised ValueError: vector db shard down"
+        assert given == ["q0", *mappings, "q1", "q2"]
+        assert "Warning" not in said
+    else:
+        assert rows["a0"]["status"] == "ok"
+        assert given == ["q0", *({"input": f"q{i}"} for i in range(3))]
+        assert (
+            "Warning: the RAG chain raised ValueError (vector db shard down) when given the "
+            "question as a string, and answered it as {'input': question}: every question "
+            "goes to it so"
+        ) in said
 
 
 @pytest.mark.parametrize(

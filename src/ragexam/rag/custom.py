@@ -19,6 +19,7 @@ import asyncio
 import importlib
 import importlib.util
 import inspect
+import logging
 import sys
 import time
 from collections.abc import Awaitable
@@ -30,6 +31,8 @@ from ragexam.rag.base import Hit, Question, RagSystem
 from ragexam.rag.shapes import RETRIEVED_KEYS, Got, read_result
 from ragexam.store.chroma import StoreRef
 from ragexam.store.deadline import DeadlineExceeded, await_with_deadline
+
+logger = logging.getLogger("ragexam")
 
 INPUT_KEYS = ("input", "question", "query")
 
@@ -202,6 +205,13 @@ async def invoke_runnable(rag: Any, question: str) -> Any:
             first = first or exc
             continue
         _FORMS[id(rag)] = key
+        if first is not None and key is not None:  # learned from a failure: said, once
+            said = " ".join(str(first).split())[:200]
+            logger.warning(
+                f"the RAG chain raised {type(first).__name__} ({said}) when given the question "
+                f"as a string, and answered it as {{{key!r}: question}}: every question goes to "
+                "it so"
+            )
         return result
     assert first is not None
     raise first
@@ -228,7 +238,8 @@ class CustomRag(RagSystem):
         super().__init__(store, collection, k)
         self.rag, self.name, self.timeout = rag, spec, timeout
         self.model, self.prompt_hash = f"rag:{spec}", ""
-        self.ready: dict[str, tuple[Any, float]] = {}  # the first question's result, asked alone
+        # the first question's result, asked alone, or what it raised: its row takes it
+        self.ready: dict[str, tuple[Any, float] | RowError] = {}
 
     async def preflight(self, first: list[Question]) -> None:
         """Ask the first question alone: a warm-up, and a look at what comes back."""
@@ -237,8 +248,9 @@ class CustomRag(RagSystem):
         started = time.monotonic()
         try:
             result = await call_rag(self.rag, first[0].text, self.timeout)
-        except RowError:
-            return  # that question's own failure: its row says so, the others go on
+        except RowError as exc:  # that question's own failure: its row says so, unasked again
+            self.ready[first[0].qa_id] = exc
+            return
         self.ready[first[0].qa_id] = (result, round(time.monotonic() - started, 3))
         try:
             got = read_result(result)
@@ -273,6 +285,8 @@ class CustomRag(RagSystem):
         """Ask the callable; match what it retrieved against the source chunk."""
         question, sources = payload
         ready = self.ready.pop(question.qa_id, None)
+        if isinstance(ready, RowError):
+            raise ready
         if ready is None:
             started = time.monotonic()
             result = await call_rag(self.rag, question.text, self.timeout)
