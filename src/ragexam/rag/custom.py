@@ -21,8 +21,9 @@ import importlib.util
 import inspect
 import logging
 import sys
+import threading
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -173,8 +174,43 @@ def _invoke(rag: Any, question: str, seconds: float) -> Awaitable[Any]:
     if inspect.iscoroutinefunction(rag) or inspect.iscoroutinefunction(
         getattr(rag, "__call__", None)  # noqa: B004 - an async __call__ method
     ):
-        return rag(question)  # type: ignore[no-any-return]
+        return _HOST.run(rag(question))
     return await_with_deadline(rag, seconds, question)
+
+
+class _Host:
+    """An event loop of its own, in a daemon thread, where the user's `async def` runs: one
+    that blocks it (a sync client called inside an `async def`) holds that loop alone, and
+    ragexam's own goes on (--rag-timeout's deadlines, Ctrl-C, the display). One for the
+    process, so that what a system binds to its loop (a client's connections) serves every
+    call of it, in every command."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None  # made for the first call
+        self._lock = threading.Lock()
+
+    def run(self, coroutine: Coroutine[Any, Any, Any]) -> Awaitable[Any]:
+        """The coroutine, run on the host's loop, as a future of the caller's."""
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                name = "ragexam-rag-loop"
+                threading.Thread(target=loop.run_forever, name=name, daemon=True).start()
+                self._loop = loop
+        ran = asyncio.run_coroutine_threadsafe(_contained(coroutine), self._loop)
+        return asyncio.wrap_future(ran)
+
+
+async def _contained(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """The coroutine, whose sys.exit is its row's error: leaving its task, a SystemExit would
+    stop the host's loop, and every call after it would wait for nothing."""
+    try:
+        return await coroutine
+    except SystemExit as exc:
+        raise _Exited(f"the RAG callable called sys.exit({exc.code!r})") from None
+
+
+_HOST = _Host()
 
 
 async def _within(seconds: float, awaitable: Awaitable[Any]) -> Any:
