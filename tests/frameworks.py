@@ -119,6 +119,10 @@ def idless(question):
 def blank(question):
     found = _retriever.invoke(question)
     return {{"answer": "fake answer", "context": [type(d)(page_content="") for d in found]}}
+
+def texts(question):  # ragas' convention: "contexts", a list of the chunks' texts
+    found = _retriever.invoke(question)
+    return {{"answer": "fake answer", "contexts": [d.page_content for d in found]}}
 """
 
 
@@ -190,6 +194,12 @@ def query(question):
 
 def nodes(question):
     return str(_engine.query(question)), _engine.query(question).source_nodes
+
+engine = _engine  # the query engine itself, which is not called but queried
+
+def no_text(question):  # a Response with the nodes alone: its `response` is None
+    from llama_index.core.base.response.schema import Response
+    return Response(response=None, source_nodes=_engine.query(question).source_nodes)
 """
 
 

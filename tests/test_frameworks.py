@@ -128,6 +128,12 @@ def test_each_frameworks_own_result_is_taken_and_ranked_right(
         ("tutorial", "langchain_core.messages.base.TextAccessor (an answer alone)"),
         ("sources_elsewhere", "a mapping with the keys answer, evidence"),
         ("blank", "neither an id nor a text"),
+        # it said "Return the store's ids, or the chunks' texts": what it had returned
+        (
+            "texts",
+            "or the chunks with their texts (a Document, or a mapping with 'text': a "
+            "plain string is read as an id)",
+        ),
     ],
 )
 def test_a_rag_whose_chunks_ragexam_cannot_see_stops_at_the_first_question(
@@ -139,6 +145,31 @@ def test_a_rag_whose_chunks_ragexam_cannot_see_stops_at_the_first_question(
     assert result.exit_code == 2, result.output
     assert said in " ".join(result.output.split())
     assert read_csv(tmp_path / "run" / "answers.csv") == []  # no question scored as a miss
+
+
+def test_a_query_engine_is_named_by_its_method_and_a_response_with_no_text_is_no_answer(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # The engine itself was "rag_llama_index has no callable 'engine'", though it has; and a
+    # Response of response_mode="no_text" was graded as the answer "None".
+    store, _, _ = exam(env, tmp_path, "llama_index")
+    rag_module(tmp_path, "rag_llama_index", LLAMA_INDEX_RAG, store)
+    args = ("answer", "--chroma", str(store), "--out", "run", "--rag")
+    named = run_cli(*args, "rag_llama_index:engine")
+    assert named.exit_code == 2, named.output
+    assert " ".join(named.output.split()) == (
+        "Error: --rag 'rag_llama_index:engine': rag_llama_index.engine is a "
+        "RetrieverQueryEngine, which cannot be called; name the method that answers, e.g. "
+        "--rag rag_llama_index:engine.query"
+    )
+    untold = run_cli(*args, "rag_llama_index:no_text")
+    assert untold.exit_code == 2, untold.output
+    assert "the RAG callable's answer is NoneType, not text (" in " ".join(untold.output.split())
+    assert read_csv(tmp_path / "run" / "answers.csv") == []  # no row graded as "None"
+    asked = run_cli(*args, "rag_llama_index:engine.query")
+    assert asked.exit_code == 0, asked.output
+    rows = read_csv(tmp_path / "run" / "answers.csv")
+    assert {row["status"] for row in rows} == {"ok"} and {r["target_rank"] for r in rows} == {"1"}
 
 
 def test_a_store_built_again_with_new_ids_still_finds_each_source_by_its_text(

@@ -69,8 +69,16 @@ def load_rag(spec: str) -> Any:
     target: Any = module
     for part in attribute.split("."):
         target = getattr(target, part, None)
-    if target is None or not (callable(target) or hasattr(target, "ainvoke")):
+    if target is None:
         raise ConfigError(f"--rag {spec!r}: {module_name} has no callable {attribute!r}")
+    if not (callable(target) or hasattr(target, "ainvoke")):
+        # a LlamaIndex query engine or a Haystack pipeline: the method that answers is named
+        method = next((name for name in ("query", "run") if callable(getattr(target, name, 0))), "")
+        named = f"name the method that answers, e.g. --rag {spec}.{method}" if method else ""
+        raise ConfigError(
+            f"--rag {spec!r}: {module_name}.{attribute} is a {type(target).__name__}, which "
+            f"cannot be called{'; ' + named if named else ''}"
+        )
     return target
 
 
@@ -314,7 +322,9 @@ class CustomRag(RagSystem):
             raise RagShapeError(
                 f"--rag {self.name} returned {got.shape}, whose retrieved chunks' ids ({shown}) "
                 "are not ids of the store's chunks, and carry no text to match by: is it "
-                "reading another store or collection? Return the store's ids, or the chunks' texts"
+                "reading another store or collection? Return the store's ids, or the chunks "
+                "with their texts (a Document, or a mapping with 'text': a plain string is read "
+                "as an id)"
             )
 
     async def answer(self, payload: Any) -> dict[str, Any]:

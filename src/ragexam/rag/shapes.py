@@ -86,7 +86,9 @@ def _read(result: Any) -> Got:
         return _mapping(result)
     if hasattr(result, "source_nodes"):  # LlamaIndex's Response (and its async variant)
         answer = getattr(result, "response", None)
-        return _got(answer if answer is not None else str(result), result.source_nodes, _of(result))
+        if answer is None and hasattr(result, "response_gen"):  # streamed: str() joins it
+            answer = str(result)
+        return _got(answer, result.source_nodes, _of(result))  # no text: no answer, not "None"
     if hasattr(result, "documents") and hasattr(result, "data"):  # Haystack's GeneratedAnswer
         return _got(result.data, result.documents, _of(result))
     if text_of(result) is not None:
