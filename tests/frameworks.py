@@ -146,10 +146,14 @@ def hashed_llama_index() -> Any:
     return HashedLlamaIndex()
 
 
-def llama_index_store(path: Path, corpus: Path, *, nodes: bool = False) -> Path:
+def llama_index_store(
+    path: Path, corpus: Path, *, nodes: bool = False, metadata: dict[str, str] | None = None
+) -> Path:
     """As LlamaIndex's starter: SimpleDirectoryReader, VectorStoreIndex over ChromaVectorStore.
 
-    With `nodes`, the nodes are made by hand, as from another source: no file metadata.
+    With `nodes`, the nodes are made by hand, as from another source: no file metadata. With
+    `metadata`, each document has it too (as LlamaIndex's extractors add a summary, keywords),
+    and LlamaIndex embeds it with the text.
     """
     from llama_index.core import SimpleDirectoryReader, StorageContext, VectorStoreIndex
     from llama_index.core.node_parser import SentenceSplitter
@@ -165,6 +169,8 @@ def llama_index_store(path: Path, corpus: Path, *, nodes: bool = False) -> Path:
         VectorStoreIndex(made, storage_context=context, embed_model=model)
     else:
         documents = SimpleDirectoryReader(str(corpus), recursive=True).load_data()
+        for document in documents:
+            document.metadata.update(metadata or {})
         # Words as tokens: LlamaIndex's global tokenizer is tiktoken's (a download offline), or
         # whatever an earlier caller in the process set it to.
         splitter = SentenceSplitter(

@@ -72,6 +72,52 @@ def test_each_store_is_read_with_its_own_document_names(
     assert manifest["stages"]["generate"]["options"]["doc_key_used"] == key
 
 
+def test_a_llama_index_store_that_embedded_its_metadata_is_read_by_the_built_in_chain(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # LlamaIndex embeds a node's metadata with its text: the check that the query embeddings
+    # are the store's embedded the text alone, found cosine 0.6, and refused the right model.
+    summary = {
+        "summary": "A note on industry.",
+        "keywords": "Norway, history",
+    }
+    corpus = write_corpus(tmp_path / "corpus")
+    store = llama_index_store(tmp_path / "store", corpus, metadata=summary)
+    env.responder = exam_writer
+    assert run_cli("generate", "--chroma", str(store), "--out", "run").exit_code == 0
+    result = run_cli("answer", "--chroma", str(store), "--out", "run", "--embedding", "openai:e")
+    assert result.exit_code == 0, result.output
+    rows = read_csv(tmp_path / "run" / "answers.csv")
+    chunks = read_csv(tmp_path / "run" / "qa_dataset.csv")  # the metadata took room: smaller
+    assert len(rows) == len(chunks) > PARAGRAPHS
+    assert {row["target_rank"] for row in rows} == {"1"}
+
+
+def test_the_text_a_llama_index_vector_was_made_from_is_llama_index_s_own() -> None:
+    from llama_index.core.schema import MetadataMode, TextNode
+    from llama_index.core.vector_stores.utils import node_to_metadata_dict
+
+    from ragexam.rag.retrieval import embedded_text
+
+    nodes = [
+        TextNode(text="Plain."),
+        TextNode(text="Kept.", metadata={"file_path": "/a/b.md", "n": 3}),
+        TextNode(text="Left.", metadata={"a": "x", "b": "y"}, excluded_embed_metadata_keys=["b"]),
+        TextNode(text="All out.", metadata={"a": "x"}, excluded_embed_metadata_keys=["a"]),
+        TextNode(
+            text="Own.",
+            metadata={"a": "x", "c": "z"},
+            metadata_template="{key}={value}",
+            metadata_separator=" | ",
+            text_template="[{metadata_str}] {content}",
+        ),
+    ]
+    for node in nodes:
+        stored = node_to_metadata_dict(node, remove_text=True, flat_metadata=True)
+        assert embedded_text(node.text, stored) == node.get_content(MetadataMode.EMBED)
+    assert embedded_text("Bare.", {"source": "a.md"}) == embedded_text("Bare.", None) == "Bare."
+
+
 def test_a_llama_index_store_built_from_nodes_is_not_one_document_called_none(
     env: FakeOpenAI, tmp_path: Path
 ) -> None:

@@ -9,7 +9,9 @@ question would then be asked in the wrong space.
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
+from collections.abc import Mapping
 from typing import Any
 
 from ragexam.errors import ConfigError
@@ -69,23 +71,27 @@ class Retriever:
         """Embed a few stored chunks as queries are, and compare with their stored vectors."""
         try:
             sample = await asyncio.to_thread(
-                self.collection.get, limit=AGREEMENT_SAMPLE, include=["documents", "embeddings"]
+                self.collection.get,
+                limit=AGREEMENT_SAMPLE,
+                include=["documents", "embeddings", "metadatas"],
             )
         except Exception:  # a server that cannot return vectors: nothing to compare with
             return
+        documents = sample.get("documents") or []
+        metadatas = [*(sample.get("metadatas") or []), *[None] * len(documents)]  # none kept
+        stored_vectors = _listed(sample.get("embeddings"))
         pairs = [
-            (text, stored)
-            for text, stored in zip(
-                sample.get("documents") or [], _listed(sample.get("embeddings")), strict=False
-            )
+            ({text, embedded_text(text, metadata)}, stored)
+            for text, metadata, stored in zip(documents, metadatas, stored_vectors, strict=False)
             if text and stored is not None
         ]
         if not pairs:
             return
-        vectors = await self.embedder.embed([text for text, _ in pairs])
-        self.check_dimension(vectors)
-        agreement = statistics.median(
-            cosine(made, stored) for made, (_, stored) in zip(vectors, pairs, strict=True)
+        texts = sorted({text for made_from, _ in pairs for text in made_from})
+        vectors = dict(zip(texts, await self.embedder.embed(texts), strict=True))
+        self.check_dimension(list(vectors.values()))
+        agreement = statistics.median(  # each chunk by the text its vector was made from
+            max(cosine(vectors[text], stored) for text in made_from) for made_from, stored in pairs
         )
         if agreement < AGREEMENT:
             raise ConfigError(
@@ -95,6 +101,37 @@ class Retriever:
                 "be asked in another model's space: pass --embedding openai:MODEL with the model "
                 "the store was built with"
             )
+
+
+def embedded_text(text: str, metadata: Mapping[str, Any] | None) -> str:
+    """The text a stored chunk's vector was made from: its text, but in a store LlamaIndex
+    built, its metadata too (a node's get_content(MetadataMode.EMBED), from the node it
+    keeps beside the chunk), unless the node says to leave it out."""
+    raw = (metadata or {}).get("_node_content")
+    try:
+        node = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        return text
+    fields = node.get("metadata") if isinstance(node, dict) else None
+    if not isinstance(node, dict) or not isinstance(fields, dict):
+        return text
+    left_out = set(node.get("excluded_embed_metadata_keys") or ())
+    template = str(node.get("metadata_template") or "{key}: {value}")
+    separator = node.get("metadata_separator", node.get("metadata_seperator", "\n"))
+    try:
+        shown = (
+            str(separator)
+            .join(
+                template.format(key=key, value=str(value))
+                for key, value in fields.items()
+                if key not in left_out
+            )
+            .strip()
+        )
+        form = str(node.get("text_template") or "{metadata_str}\n\n{content}")
+        return form.format(content=text, metadata_str=shown).strip() if shown else text
+    except (KeyError, IndexError, ValueError):  # a template of its own: the text alone
+        return text
 
 
 def _listed(embeddings: Any) -> list[Any]:
