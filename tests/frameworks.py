@@ -296,6 +296,31 @@ def run(question):
 
 def answer(question):
     return run(question)["answer_builder"]["answers"][0]
+
+from haystack import Document, component
+
+@component
+class Reverser:  # a ranker that puts the retriever's last first
+    @component.output_types(documents=list[Document])
+    def run(self, documents: list[Document]):
+        return {{"documents": documents[::-1]}}
+
+_reranking = Pipeline()
+_reranking.add_component("embedder", HashedText())
+_reranking.add_component("retriever", ChromaEmbeddingRetriever(document_store=_store, top_k=3))
+_reranking.add_component("ranker", Reverser())
+_reranking.add_component("prompt", PromptBuilder(
+    template="{{% for d in documents %}}{{{{ d.content }}}}\\n{{% endfor %}}Q: {{{{ question }}}}",
+    required_variables=["question", "documents"]))
+_reranking.add_component("llm", FakeGenerator())
+_reranking.connect("embedder.embedding", "retriever.query_embedding")
+_reranking.connect("retriever", "ranker")
+_reranking.connect("ranker", "prompt.documents")
+_reranking.connect("prompt", "llm")
+
+def reranked(question):  # no AnswerBuilder: the documents of the components asked for
+    return _reranking.run({{"embedder": {{"text": question}}, "prompt": {{"question": question}}}},
+                          include_outputs_from={{"retriever", "ranker"}})
 """
 
 

@@ -168,6 +168,20 @@ def test_each_frameworks_own_result_is_taken_and_ranked_right(
     assert len(rows) == PARAGRAPHS and {row["target_rank"] for row in rows} == {"1"}
 
 
+def test_a_haystack_pipeline_is_ranked_by_the_documents_its_last_step_gave(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # With a retriever's and a ranker's documents in its outputs, the retriever's order was
+    # taken: the ranker's is the one the prompt was given.
+    store, _, _ = exam(env, tmp_path, "haystack")
+    rag_module(tmp_path, "rag_haystack", HAYSTACK_RAG, store)
+    args = ("--chroma", str(store), "--out", "run", "--rag", "rag_haystack:reranked")
+    result = run_cli("answer", *args)
+    assert result.exit_code == 0, result.output
+    rows = read_csv(tmp_path / "run" / "answers.csv")
+    assert len(rows) == PARAGRAPHS and {row["target_rank"] for row in rows} == {"3"}
+
+
 @pytest.mark.parametrize(
     ("target", "said"),
     [

@@ -126,8 +126,9 @@ def _is_pipeline(result: Mapping[str, Any]) -> bool:
 def _pipeline(result: Mapping[str, Any]) -> Got:
     """The answer and documents of a Haystack pipeline's outputs.
 
-    The documents an AnswerBuilder attached to its answer come first; else any component's
-    `documents` (a retriever's, with `include_outputs_from`).
+    The documents an AnswerBuilder attached to its answer come first; else the `documents` of
+    the last component that has some (with `include_outputs_from`, a ranker's after its
+    retriever's: a pipeline's outputs are in the order its components ran).
     """
     outputs = list(result.values())
     answers = [item for out in outputs for item in out.get("answers") or []]
@@ -143,7 +144,8 @@ def _pipeline(result: Mapping[str, Any]) -> Got:
     else:
         raise RowError(f"the RAG callable returned {shape}: no answers or replies in it")
     if not documents:
-        documents = next((out["documents"] for out in outputs if out.get("documents")), documents)
+        found = (out["documents"] for out in reversed(outputs) if out.get("documents"))
+        documents = next(found, documents)
     return _got(text, documents, shape)
 
 
