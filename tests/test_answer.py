@@ -261,6 +261,31 @@ def answered_by_a_rag_that_fails(
     return {row["qa_id"]: row for row in read_csv(tmp_path / "run" / "answers.csv")}
 
 
+def test_a_rag_that_retrieves_more_than_k_is_told_its_sources_past_k_are_missed(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # Every source at rank 3 of 3 under --k 2 was a miss, unsaid.
+    (tmp_path / "wide_rag.py").write_text(
+        "def answer(question):\n    return 'an answer', ['c1', 'c2', 'c3']\n"
+    )
+    store = make_store(tmp_path / "store", env)
+    write_qa(
+        tmp_path / "run" / "qa_dataset.csv", [{"qa_id": "a", "chunk_id": "c3", "question": "q"}]
+    )
+    args = ("answer", "--chroma", str(store), "--out", "run", "--rag", "wide_rag:answer")
+    result = run_cli(*args, "--k", "2")
+    assert result.exit_code == 0, result.output
+    assert (
+        "Warning: --rag wide_rag:answer retrieved 3 chunks for the first question, more than "
+        "--k 2: a source ranked past 2 counts as missed; pass --k 3 if your system answers "
+        "from all of them"
+    ) in " ".join(result.output.split())
+    (row,) = read_csv(tmp_path / "run" / "answers.csv")
+    assert row["target_rank"] == "3"
+    again = run_cli(*args, "--k", "3", "--force")
+    assert again.exit_code == 0 and "Warning" not in again.output
+
+
 def test_a_raising_rag_gives_error_rows_not_a_crash(env: FakeOpenAI, tmp_path: Path) -> None:
     failing = "raise TimeoutError('vector db down')"
     rows = answered_by_a_rag_that_fails(env, tmp_path, "flaky_rag", failing)

@@ -301,6 +301,12 @@ class CustomRag(RagSystem):
         except RowError as exc:
             raise RagShapeError(f"--rag {self.name}: {exc}; {FIX}") from None
         await self._check_visible(first[0], got)
+        if got.hits is not None and len(got.hits) > self.k:  # ranked past k: counted missed
+            logger.warning(
+                f"--rag {self.name} retrieved {len(got.hits)} chunks for the first question, "
+                f"more than --k {self.k}: a source ranked past {self.k} counts as missed; pass "
+                f"--k {len(got.hits)} if your system answers from all of them"
+            )
 
     async def _check_visible(self, question: Question, got: Got) -> None:
         """Stop when no retrieved chunk could ever be matched to the question's source."""
