@@ -23,6 +23,7 @@ from limits import Bucket, SlidingWindow
 
 from ragexam.config import load_settings
 from ragexam.llm.client import LLM
+from ragexam.llm.endpoint import EndpointMemory
 from ragexam.llm.pacing import estimate_tokens
 
 TICK = 1e-6  # the virtual clock's smallest step
@@ -123,16 +124,35 @@ class Run:
 def simulate(server: Server, rows: int, prompt: str = "question", **flags: Any) -> Run:
     """`rows` calls through one LLM, `concurrency` at a time (flags as `load_settings` takes
     them: concurrency, rpm, tpm...), each row on its own as the runner runs them."""
+    return simulate_stages(server, [rows], prompt, **flags)[0]
+
+
+def simulate_stages(
+    server: Server,
+    stages: list[int],
+    prompt: str = "question",
+    memory: EndpointMemory | None = None,
+    **flags: Any,
+) -> list[Run]:
+    """Stages of one command, one after another at once, each of so many rows through an LLM
+    of its own that shares what the command learned of the endpoint (as `run`'s stages do;
+    `memory`: what it knew before, an earlier command's rate)."""
     settings = load_settings(None, openai_base_url="http://simulated/v1", **flags)
+    memory = memory or EndpointMemory()
     loop = VirtualLoop()
     try:
-        return loop.run_until_complete(_stage(settings, server, rows, prompt))
+        return [
+            loop.run_until_complete(_stage(settings, server, rows, prompt, memory))
+            for rows in stages
+        ]
     finally:
         loop.close()
 
 
-async def _stage(settings: Any, server: Server, rows: int, prompt: str) -> Run:
-    llm = LLM(settings, "simulated-model")
+async def _stage(
+    settings: Any, server: Server, rows: int, prompt: str, memory: EndpointMemory
+) -> Run:
+    llm = LLM(settings, "simulated-model", memory=memory)
     llm.chat = server  # type: ignore[assignment]  # the one stand-in: the model behind HTTP
     llm.model_check.done = True  # no model list to look the model up in
     queue = list(range(rows))
@@ -148,4 +168,7 @@ async def _stage(settings: Any, server: Server, rows: int, prompt: str) -> Run:
     started = asyncio.get_running_loop().time()
     await asyncio.gather(*(worker() for _ in range(settings.concurrency)))
     seconds = asyncio.get_running_loop().time() - started
-    return Run(done, server.calls, seconds, llm.pacer.traffic.learned_rpm)
+    learned = llm.pacer.learned  # kept for the next stage, as LLM.aclose keeps it
+    memory.learned(llm.key, learned.rate, learned.span)
+    calls = [call for call in server.calls if call.at >= started]
+    return Run(done, calls, seconds, llm.pacer.traffic.learned_rpm)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import pytest
 from limits import Bucket, SlidingWindow
-from simulation import Server, simulate
+from simulation import Server, simulate, simulate_stages
+
+from ragexam.llm.endpoint import EndpointMemory, endpoint_key
 
 RPM = 900  # the limit: 900 calls a minute, as the real-clock tests scale it
 
@@ -23,6 +25,28 @@ def test_the_first_storm_teaches_the_limit_and_the_run_settles_under_it(window: 
     assert rows / run.seconds / (RPM / 60) >= 0.85  # calls admitted ÷ the limit
     assert run.limited <= 0.10, run.limited
     assert run.learned_rpm is not None and abs(run.learned_rpm - RPM) <= 0.1 * RPM
+
+
+def test_a_limit_first_met_after_an_earlier_stage_is_learned_at_its_rate() -> None:
+    # The first stage's calls fill most of the window without a 429; the next stage meets
+    # the limit at its first calls. It learned from its own calls alone: ~7 a minute where
+    # the limit was 120, and the rest of the run crawled (and the next command, from it).
+    limit = SlidingWindow(20, 10.0)  # 120 a minute
+    first, second = simulate_stages(Server(limit, latency=0.1), [19, 200], concurrency=16)
+    assert first.rows_ok == 19 and first.learned_rpm is None  # no 429: nothing learned
+    assert second.rows_ok == 200
+    assert second.learned_rpm is not None and abs(second.learned_rpm - 120) <= 12
+    assert 200 / second.seconds / 2 >= 0.8  # calls admitted ÷ the limit
+
+
+def test_rpm_wins_over_a_rate_learned_too_low() -> None:
+    # A rate learned too low (1 a minute, as above before the fix), kept in the run folder,
+    # held --rpm down: the lower of the two paced the calls, and the user could not lift it.
+    memory = EndpointMemory()
+    memory.learned(endpoint_key("simulated-model", "http://simulated/v1"), 1 / 60, 60.0)
+    limit = SlidingWindow(120, 8.0)
+    (run,) = simulate_stages(Server(limit, latency=1.0), [400], memory=memory, rpm=RPM)
+    assert run.rows_ok == 400 and 400 / run.seconds / (RPM / 60) >= 0.85
 
 
 def test_rpm_paces_under_the_limit_from_the_first_call() -> None:

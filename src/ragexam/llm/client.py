@@ -166,7 +166,8 @@ class LLM:
         self.sized = settings.max_tokens is None  # else RAGEXAM_MAX_TOKENS bounds every reply
         self.clock = CallClock(settings.timeout, self.key, self.memory)
         known = self.memory.rate(self.key)
-        self.pacer = Pacer(settings.concurrency, settings.rpm, settings.tpm, known)
+        sends = self.memory.sends_of(self.key)
+        self.pacer = Pacer(settings.concurrency, settings.rpm, settings.tpm, known, sends)
         self.rate_limit_wait = settings.rate_limit_wait
         self.reachability = Reachability(settings.openai_base_url, self.redact, model)
         self.tokens = [0, 0]  # prompt and completion tokens of every call, failed ones too

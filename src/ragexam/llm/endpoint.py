@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -80,12 +81,18 @@ class EndpointMemory:
     def __init__(self) -> None:
         self.checked: set[tuple[str | None, str]] = set()
         self.rates: dict[str, tuple[float, float]] = {}  # calls a second, and over what span
+        self.sends: dict[str, deque[float]] = {}  # recent send times, by model and URL
         self.speeds: dict[str, float] = {}  # reply tokens a second, by model and URL
         self.recalled: set[Path] = set()
 
     def rate(self, key: str) -> tuple[float, float] | None:
         """The rate (calls a second) and window (seconds) learned for this model and URL."""
         return self.rates.get(key)
+
+    def sends_of(self, key: str) -> deque[float]:
+        """When this command's stages sent their recent calls to this model and URL: a stage
+        that meets the limit learns it from all of them (pacing.LearnedRate)."""
+        return self.sends.setdefault(key, deque())
 
     def learned(self, key: str, rate: float, span: float) -> None:
         """Keep the rate a stage ended with, for the next stage and the next command."""

@@ -101,6 +101,7 @@ class Pacer:
         rpm: int | None = None,
         tpm: int | None = None,
         known: tuple[float, float] | None = None,
+        sends: deque[float] | None = None,
     ) -> None:
         self.ceiling = ceiling
         self.window = float(ceiling)
@@ -117,7 +118,7 @@ class Pacer:
         self._hold_until = 0.0
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._rpm = _bucket(rpm)
-        self.learned = LearnedRate(self.traffic)
+        self.learned = LearnedRate(self.traffic, sends)
         if known is not None:  # what an earlier stage, or run, learned of this endpoint
             self.learned.carry(*known)
         self._tokens = _Schedule()
@@ -147,12 +148,13 @@ class Pacer:
         return self._sent
 
     async def _pace(self, tokens: int) -> None:
-        """Wait for the call's turn under --rpm, --tpm, the learned rate and the spacing."""
-        if self._rpm is not None:
+        """Wait for the call's turn under --rpm (else the learned rate), --tpm and the spacing."""
+        if self._rpm is not None:  # the user's word on the limit: what was learned is not
             await self._rpm.acquire()
         if self._tpm and tokens:
             await self._tokens.book(tokens / self._tpm)
-        await self.learned.pace()
+        if self._rpm is None:
+            await self.learned.pace()
         if self.learned.rate and self.window < self.ceiling:
             # Paced by the learned rate from now on: the window cut by the first storm, when
             # nothing else was known, no longer holds calls back (a few would come back slowly).
@@ -252,11 +254,13 @@ class LearnedRate:
     that let a burst through first makes it: it is cut to what the server admitted.
     """
 
-    def __init__(self, traffic: Traffic) -> None:
+    def __init__(self, traffic: Traffic, sends: deque[float] | None = None) -> None:
         self.traffic = traffic
         self.rate = 0.0  # calls a second the server admits; 0 until learned
         self.span = 0.0  # seconds the limit counts over, as learned
-        self._sends: deque[float] = deque()  # send times inside the HORIZON
+        # send times inside the HORIZON, of every stage of the command that calls this model
+        # at this endpoint: the server's window holds an earlier stage's calls too
+        self._sends: deque[float] = deque() if sends is None else sends
         self._refused: deque[float] = deque()  # send times of the calls answered 429
         self._done: deque[float] = deque()  # when the calls that succeeded came back
         self._storm_at = 0.0
@@ -326,13 +330,24 @@ class LearnedRate:
             await self._schedule.book(1 / (self.rate * MARGIN))
 
     def _learn(self) -> None:
-        """Calls admitted before the storm, over the time from the first to the wait's end."""
+        """Calls admitted before the storm from the one its window began with, over the time
+        from that one to the wait's end. Which one that was is not said: the calls before it
+        had left the window, which made the rate from it the highest. From a standing start it
+        is the first; after an earlier stage's calls, often one of those."""
         storm, until, self._learn_at = self._storm_at, self._learn_at, 0.0
-        sent = [at for at in self._sends if at <= storm]
-        admitted = len(sent) - sum(at <= storm for at in self._refused)  # calls out count
-        if admitted > 0:  # a limit counts over a second at least: less is a burst let through
-            self.span = max(until - sent[0], MIN_SPAN)
-            self.rate, self._set_at = admitted / self.span, until
+        sent = sorted(at for at in self._sends if at <= storm)
+        refused = sorted(at for at in self._refused if at <= storm)
+        best, later = (0.0, 0.0), 0  # (rate, span); refused calls sent before a start
+        for first, start in enumerate(sent):
+            while later < len(refused) and refused[later] < start:
+                later += 1
+            admitted = len(sent) - first - (len(refused) - later)  # calls out count
+            # a limit counts over a second at least: less is a burst let through
+            span = max(until - start, MIN_SPAN)
+            if admitted > 0 and admitted / span > best[0]:
+                best = (admitted / span, span)
+        if best[0] > 0:
+            (self.rate, self.span), self._set_at = best, until
             self.traffic.learned_rpm = round(self.rate * 60)
 
 
