@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections import Counter
+from email.utils import formatdate
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +109,24 @@ def test_rpm_paces_calls_under_the_limit(env: FakeOpenAI, tmp_path: Path) -> Non
     assert "rate limit learned" not in output  # no storm: nothing to learn
     assert limited <= 0.02, limited
     assert throughput >= 0.75, throughput  # paced at 95% of the limit, so not far under it
+
+
+@pytest.mark.slow
+def test_a_retry_after_given_as_a_date_is_waited_out(
+    env: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Retry-After's other form (RFC 9110): an HTTP date. It was ignored, and the row asked
+    # again after ragexam's own backoff.
+    store = build_store(tmp_path / "store", docs(3))
+    monkeypatch.setenv("RAGEXAM_RETRY_BACKOFF", "0.01")
+    when = formatdate(time.time() + 4, usegmt=True)  # whole seconds: 3 to 4 s from now
+    env.faults = Faults(rate_429=1.0, retry_after=when, max_faults_per_body=1)
+    started = time.monotonic()
+    result = run_cli("generate", "--chroma", str(store), "--out", "run")
+    assert result.exit_code == 0, result.output
+    assert time.monotonic() - started >= 2.5
+    rows = read_csv(tmp_path / "run" / "qa_dataset.csv")
+    assert len(rows) == 3 and {row["status"] for row in rows} == {"ok"}
 
 
 @pytest.mark.slow

@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import os
 import random
+import time
+from email.utils import formatdate
 from pathlib import Path
 
 import httpx2
@@ -117,7 +119,11 @@ def test_retry_after_reads_seconds_and_milliseconds_and_caps_them() -> None:
     assert retry_after(_rate_limited({"retry-after": "3"})) == 3.0
     assert retry_after(_rate_limited({"retry-after-ms": "250"})) == 0.25
     assert retry_after(_rate_limited({"retry-after": "9999"})) == 120.0
-    assert retry_after(_rate_limited({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"})) is None
+    # an HTTP date: the seconds until then (none, once it is past); not a date: unsaid
+    assert retry_after(_rate_limited({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"})) == 0.0
+    ahead = formatdate(time.time() + 30, usegmt=True)
+    assert 28 <= (retry_after(_rate_limited({"retry-after": ahead})) or 0) <= 30
+    assert retry_after(_rate_limited({"retry-after": "soon"})) is None
     assert retry_after(_rate_limited({})) is None
 
 

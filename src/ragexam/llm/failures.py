@@ -3,6 +3,9 @@ the server asked to wait."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+
 import openai
 
 from ragexam.llm.endpoint import root_cause
@@ -43,9 +46,24 @@ def retry_after(exc: BaseException) -> float | None:
         return None
     for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
         value = headers.get(name)
-        if value is not None:
-            try:
-                return min(max(float(value) * scale, 0.0), MAX_RETRY_AFTER)
-            except ValueError:
-                continue  # an HTTP date: rare from LLM servers, fall back to backoff
+        if value is None:
+            continue
+        seconds: float | None
+        try:
+            seconds = float(value) * scale
+        except ValueError:
+            seconds = _until(value) if name == "retry-after" else None
+        if seconds is not None:
+            return min(max(seconds, 0.0), MAX_RETRY_AFTER)
     return None
+
+
+def _until(date: str) -> float | None:
+    """Seconds from now to an HTTP date (Retry-After's other form), None for no date."""
+    try:
+        when = parsedate_to_datetime(date)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # RFC 9110's dates are GMT
+        when = when.replace(tzinfo=UTC)
+    return (when - datetime.now(UTC)).total_seconds()
