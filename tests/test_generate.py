@@ -214,6 +214,26 @@ def test_a_404_is_not_retried(env: FakeOpenAI, tmp_path: Path) -> None:
     assert env.count() == 30
 
 
+def test_403s_among_calls_that_succeed_are_error_rows_not_a_refused_key(
+    env: FakeOpenAI, tmp_path: Path
+) -> None:
+    # Three 403s over a stage whose other calls all succeeded stopped it as "the endpoint
+    # refused the API key" (exit 4): the refusals were counted, never reset by a success.
+    store = build_store(tmp_path / "store", docs(8))
+    refused = ("widget 1 ", "widget 3 ", "widget 5 ", "widget 7 ")
+    env.faults = Faults(status_if=lambda text: 403 if any(w in text for w in refused) else None)
+    args = ("generate", "--chroma", str(store), "--out", "run", "--concurrency", "1")
+    result = run_cli(*args, "--max-error-rate", "1")
+    assert result.exit_code == 0, result.output
+    rows = {row["chunk_id"]: row for row in read_csv(tmp_path / "run" / "qa_dataset.csv")}
+    failed = {key for key, row in rows.items() if row["status"] == "error"}
+    assert failed == {f"chunk-000{i}" for i in (1, 3, 5, 7)}
+    assert all(
+        rows[key]["error"].startswith("the endpoint refused the call: HTTP 403") for key in failed
+    )
+    assert "API key" not in rows["chunk-0001"]["error"]
+
+
 def test_too_many_error_rows_name_the_commonest_reason(env: FakeOpenAI, tmp_path: Path) -> None:
     blank = [Document(page_content=" ", metadata={"source": "blank.md"}, id="chunk-blank")]
     store = build_store(tmp_path / "store", docs(5) + blank)

@@ -566,10 +566,15 @@ class LLM:
         """What one failed attempt means: its reason and the wait before the next, or raise
         (with `raw`, the last reply that was not valid, kept on the error row)."""
         reason = self.redact(describe(exc))
-        if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
+        if isinstance(exc, openai.AuthenticationError):
             raise AuthError(
                 f"the endpoint refused the API key: {reason}; check OPENAI_API_KEY (and "
                 "OPENAI_BASE_URL: the key must be one this endpoint issued)"
+            ) from None
+        if isinstance(exc, openai.PermissionDeniedError):  # the key works: not for this call
+            raise AuthError(
+                f"the endpoint refused the call: {reason} (the key's access to the model, or "
+                "this request)"
             ) from None
         spent = (tokens[0], tokens[1])
         if isinstance(exc, NoAnswer):  # asking again would pay for the same refusal

@@ -60,7 +60,7 @@ RUN_COLUMNS = (
     "latency_s",
     "raw_reply",
 )
-AUTH_FAILURES_TO_STOP = 3
+AUTH_FAILURES_TO_STOP = 3  # calls refused (401, 403, out of quota) in a row: the stage stops
 RAW_LIMIT = 2000
 REASON_LIMIT = 300  # characters of an error reason the summary counts and shows
 
@@ -354,6 +354,7 @@ class Runner:
             if exc.stops_stage:
                 raise  # every row would fail the same way: stop the stage
             return self._error_row(exc)
+        self._auth_failures = 0  # a call went through: the refusals stop the stage in a row
         return ok_row(values)
 
     def _error_row(self, exc: RagexamError) -> dict[str, Any]:
