@@ -38,8 +38,10 @@ def fake_llm() -> Iterator[FakeOpenAI]:
 
 
 def _signal_state() -> tuple[Any, ...]:
-    """Ctrl-C's and SIGTERM's handlers, and the signals blocked or pending in this thread."""
-    handlers = tuple(signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM))
+    """Ctrl-C's, SIGTERM's and SIGHUP's handlers, and the signals blocked or pending in this
+    thread."""
+    numbers = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    handlers = tuple(signal.getsignal(number) for number in numbers)
     return *handlers, signal.pthread_sigmask(signal.SIG_BLOCK, []), signal.sigpending()
 
 

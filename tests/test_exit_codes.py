@@ -152,18 +152,22 @@ def generating(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("again", [0, 20])
+@pytest.mark.parametrize(
+    ("sent", "again"), [(signal.SIGTERM, 0), (signal.SIGTERM, 20), (signal.SIGHUP, 20)]
+)
 def test_sigterm_is_an_interrupt_that_keeps_every_finished_row(
-    env: FakeOpenAI, tmp_path: Path, again: int
+    env: FakeOpenAI, tmp_path: Path, sent: signal.Signals, again: int
 ) -> None:
     # `again`: a supervisor, or a user, sends TERM more than once: those after the first
     # wait for it to wind the stage down (they ended the process as it exited: 143).
+    # SIGHUP: the terminal went away (an ssh session dropped): it ended the process (129),
+    # its manifest left "running".
     process, output, args = generating(env, tmp_path, 21)
-    os.kill(process.pid, signal.SIGTERM)
+    os.kill(process.pid, sent)
     for _ in range(again):
         time.sleep(0.02)
         with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, signal.SIGTERM)
+            os.kill(process.pid, sent)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
     assert "Interrupted" in stderr
@@ -181,14 +185,15 @@ def test_sigterm_is_an_interrupt_that_keeps_every_finished_row(
 def sigterm_interrupts() -> Any:
     """ragexam's SIGTERM handler in this process, for the test (and Ctrl-C's, which it sets
     when the process ignores it: a test run started with `&`)."""
-    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    numbers = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    before = [signal.getsignal(number) for number in numbers]
     interruptible()
     try:
         assert signal.getsignal(signal.SIGTERM) is not before[0]
         yield
     finally:
-        signal.signal(signal.SIGTERM, before[0])
-        signal.signal(signal.SIGINT, before[1])
+        for number, handler in zip(numbers, before, strict=True):
+            signal.signal(number, handler)
 
 
 def test_sigterm_cancels_a_running_stage_instead_of_raising_into_its_code() -> None:

@@ -225,15 +225,21 @@ def interruptible() -> None:
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _terminated)
+    # the terminal went away (an ssh session dropped) as SIGTERM; not under nohup, which
+    # ignores it so that the run goes on
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, _terminated)
 
 
 def _terminated(signum: int, frame: object) -> None:
-    """The first SIGTERM interrupts; the ones after wait for the stage to wind down (a
-    supervisor, or an impatient user, often sends two). Ignored, not reset: Python resets a
-    handler of its own to the default as it exits, which would end the process by the signal
-    (exit 143), but leaves an ignored signal ignored. A running stage's main task is
-    cancelled, as asyncio.run does on Ctrl-C; between stages, KeyboardInterrupt is raised."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    """The first SIGTERM (or SIGHUP) interrupts; the ones after wait for the stage to wind
+    down (a supervisor, or an impatient user, often sends two). Ignored, not reset: Python
+    resets a handler of its own to the default as it exits, which would end the process by
+    the signal (exit 143), but leaves an ignored signal ignored. A running stage's main task
+    is cancelled, as asyncio.run does on Ctrl-C; between stages, KeyboardInterrupt is raised."""
+    for number in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(number) is _terminated:
+            signal.signal(number, signal.SIG_IGN)
     stopping.MAIN.interrupt()
 
 
