@@ -161,11 +161,17 @@ def questions(run: Path, n: int = N) -> Path:
     return write_qa(run / "qa_dataset.csv", rows)
 
 
+_HELD: list[socket.socket] = []  # the closed ports' sockets, bound for the whole test run
+
+
 def closed_port() -> int:
-    """A local port nothing listens on."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A local port nothing listens on, nor will: its socket stays bound, never listening (a
+    connection is refused), so that no server another test starts meanwhile can take it (one
+    did, and answered a test of an unreachable endpoint with a page)."""
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    _HELD.append(probe)
+    return int(probe.getsockname()[1])
 
 
 def docs(n: int, prefix: str = "Fact") -> list[Document]:

@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from typing import Any
 
 import pytest
 from openai_server import FakeOpenAI
-from support import BASE, build_store, docs, read_csv, run_cli, write_run
+from support import BASE, build_store, closed_port, docs, read_csv, run_cli, write_run
 
 from ragexam.cli.app import interruptible
 from ragexam.stages import stopping
@@ -58,13 +57,6 @@ def test_compare_fails_on_a_sure_regression_only(tmp_path: Path) -> None:
     assert failed.exit_code == 3, failed.output
     assert "regression from run A to run B: completeness -0.125" in failed.output
     assert run_cli("compare", str(a), str(better), "--fail-on-regression").exit_code == 0
-
-
-def closed_port() -> int:
-    """A local port nothing listens on."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def test_an_unreachable_endpoint_stops_the_stage_with_exit_4(
