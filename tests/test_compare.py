@@ -170,6 +170,20 @@ def test_the_gate_fails_only_on_a_regression_its_p_value_calls_significant(
     assert "completeness -0.168 (95% CI" in failed.output and ", p = 0.00" in failed.output
 
 
+def test_the_gate_refuses_a_comparison_that_measured_nothing(tmp_path: Path) -> None:
+    # B's judge failed on every question: no grade in both runs, nothing measured, and the
+    # gate passed (exit 0) with a warning
+    a = forty(tmp_path / "a", {})
+    b = forty(tmp_path / "b", dict.fromkeys(range(40)))
+    result = run_cli("compare", str(a), str(b), "--fail-on-regression")
+    assert result.exit_code == 2, result.output
+    assert (
+        "--fail-on-regression: completeness, conciseness have no question with a value in "
+        "both runs (graded, or answered, in each): a regression cannot be measured"
+    ) in " ".join(result.output.split())
+    assert run_cli("compare", str(a), str(b)).exit_code == 0  # no gate: the table is written
+
+
 def test_questions_graded_in_one_run_alone_are_said_to_be_left_out(tmp_path: Path) -> None:
     # B's judge failed on the 4 questions that got worse: the comparison pairs 36, sees no
     # change, and once said nothing of the 4

@@ -40,7 +40,10 @@ def test_stats_exits_3_naming_the_figure_below_its_bound(tmp_path: Path) -> None
     assert (tmp_path / "a" / "summary.csv").exists()  # the summary is written all the same
 
 
-@pytest.mark.parametrize("gates", ["completeness", "completeness=high", "loudness=0.5"])
+# "nan" and "inf" were accepted: bounds nothing fails (nan) or everything fails (inf)
+@pytest.mark.parametrize(
+    "gates", ["completeness", "completeness=high", "loudness=0.5", "completeness=nan", "mrr=inf"]
+)
 def test_a_malformed_gate_is_a_usage_error(tmp_path: Path, gates: str) -> None:
     write_run(tmp_path / "a", BASE)
     result = run_cli("stats", "--out", str(tmp_path / "a"), "--fail-under", gates)

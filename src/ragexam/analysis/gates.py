@@ -19,6 +19,8 @@ def parse_bounds(text: str) -> dict[str, float]:
             bounds[name.strip()] = float(value)
         except ValueError:
             sep = ""
+        if sep and not math.isfinite(bounds[name.strip()]):  # nan: a bound nothing fails
+            raise ConfigError(f"--fail-under: {part!r} needs a number as its bound")
         if not sep or not name.strip():
             raise ConfigError(f"--fail-under: {part!r} is not METRIC=VALUE, e.g. completeness=0.7")
     if not bounds:
@@ -60,6 +62,13 @@ def check_regressions(table: pd.DataFrame) -> None:
     percentile bootstrap too narrow a CI: a gate that fired at p = 0.12 contradicted the p
     printed beside it."""
     overall = table[(table["document"] == "ALL") & (table.get("kind", "all") == "all")]
+    unmeasured = sorted(overall.loc[overall["n"] == 0, "metric"])
+    if unmeasured:  # a gate that measured nothing must not pass: it says so, and why
+        raise ConfigError(
+            f"--fail-on-regression: {', '.join(unmeasured)} have no question with a value in "
+            "both runs (graded, or answered, in each): a regression cannot be measured; finish "
+            "both runs' stages first"
+        )
     worse = overall[(overall["ci_high"] < 0) & (overall["p_value"] < SIGNIFICANT)]
     if not worse.empty:
         named = [
