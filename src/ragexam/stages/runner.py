@@ -21,6 +21,7 @@ from collections.abc import (
 )
 from contextlib import suppress
 from dataclasses import dataclass, field
+from functools import cache
 from inspect import signature
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -256,6 +257,7 @@ class Runner:
         `inputs` gives the input hash of every row this run wants; an `ok` row whose input
         has changed is redone. Rows of another model, prompt or settings need --force.
         """
+        inputs = cache(inputs)  # asked once at most: generate's reads every chunk of the store
         ok: dict[str, Mapping[str, Any]] = {}
         position: dict[str, int] = {}  # of each key's ok row in the file
         rows = self.log.load(self._resume_columns())
