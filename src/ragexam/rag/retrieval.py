@@ -118,16 +118,13 @@ def embedded_text(text: str, metadata: Mapping[str, Any] | None) -> str:
     left_out = set(node.get("excluded_embed_metadata_keys") or ())
     template = str(node.get("metadata_template") or "{key}: {value}")
     separator = node.get("metadata_separator", node.get("metadata_seperator", "\n"))
+    lines = (
+        template.format(key=key, value=str(value))
+        for key, value in fields.items()
+        if key not in left_out
+    )
     try:
-        shown = (
-            str(separator)
-            .join(
-                template.format(key=key, value=str(value))
-                for key, value in fields.items()
-                if key not in left_out
-            )
-            .strip()
-        )
+        shown = str(separator).join(lines).strip()  # formatted as joined: may raise below
         form = str(node.get("text_template") or "{metadata_str}\n\n{content}")
         return form.format(content=text, metadata_str=shown).strip() if shown else text
     except (KeyError, IndexError, ValueError):  # a template of its own: the text alone

@@ -288,12 +288,17 @@ def _answered(
 
 
 def _answers(
-    settings: Settings, given: Given, questions: list[Question], collection: Any
+    settings: Settings,
+    given: Given,
+    questions: list[Question],
+    collection: Any,
+    answered: tuple[set[str], float | None, Prompt] | None = None,
 ) -> Estimate:
     """The answer prompts of the questions not answered yet, in the options' context: an
-    answer made from another version of its question is redone."""
+    answer made from another version of its question is redone (`answered`: _answered's,
+    when the caller has it already)."""
     model, context = settings.model_for("answer"), given.answering.context
-    done, per_call, prompt = _answered(settings, given, questions)
+    done, per_call, prompt = answered or _answered(settings, given, questions)
     done, out = out_in_batches(RunFolder(given.out), "answer", done, given.calls.batch)
     pending = [question for question in questions if question.qa_id not in done]
     k = given.answering.k or DEFAULT_K
@@ -404,7 +409,8 @@ def estimate_run(settings: Settings, given: Given, session: Session) -> list[Est
         else:
             questions = _held(given, questions, kept_questions)
             questions += _harder_questions(given, [chunk.id for chunk in kept], half)
-        second = _answers(settings, given, questions, collection)
+        answered = _answered(settings, given, questions)
+        second = _answers(settings, given, questions, collection, answered)
         if given.answering.rag is not None:
             second = Estimate("answer", f"rag:{given.answering.rag}", len(questions), 0, 0, 0, None)
         reply, documents = _filler(OUTPUT_TOKENS["answer"]), {c.id: c.document for c in kept}
@@ -424,16 +430,19 @@ def estimate_run(settings: Settings, given: Given, session: Session) -> list[Est
         # generate writes key points: the judge grades by them unless --scale says otherwise
         scale = given.grading.scale or Scale.key_points
 
-        def graded(where: Given) -> Exams:
-            sat = _sat(settings, where, questions, exams)
-            return stand_ins(Exams(sat, 0, scale, True))
+        def graded(where: Given, kept: set[str]) -> Exams:
+            return stand_ins(Exams(_sat(where, kept, exams), 0, scale, True))
 
-        estimates = [*written, second, *_judge(settings, given, graded(given), session)]
+        judged = _judge(settings, given, graded(given, answered[0]), session)
+        estimates = [*written, second, *judged]
         for folder, context in CONTROL_RUNS.items() if given.grading.control_runs else ():
             where = given.but(out=given.out / folder, context=context)
-            estimates.append(_named(_answers(settings, where, questions, collection), folder))
+            there = _answered(settings, where, questions)  # the control run's own answers
+            estimates.append(
+                _named(_answers(settings, where, questions, collection, there), folder)
+            )
             graders = where.but(controls=0, with_context=False)
-            judged = _judge(settings, graders, graded(graders), session)
+            judged = _judge(settings, graders, graded(graders, there[0]), session)
             estimates += [_named(e, folder) for e in judged]
     finally:
         release(store)
@@ -450,15 +459,12 @@ def _held(given: Given, questions: list[Question], kept: set[str]) -> list[Quest
     return [held[q.qa_id] if q.qa_id in kept and q.qa_id in held else q for q in questions]
 
 
-def _sat(
-    settings: Settings, given: Given, questions: list[Question], exams: list[Exam]
-) -> list[Exam]:
-    """What the judge of a run grades: each answer the folder holds that `answer` keeps, as
-    it is; for those still to write, the stand-ins `exams`."""
+def _sat(given: Given, kept: set[str], exams: list[Exam]) -> list[Exam]:
+    """What the judge of a run grades: each answer the folder holds that `answer` keeps
+    (`kept`), as it is; for those still to write, the stand-ins `exams`."""
     qa_path, answers_path = exam_inputs(given)
-    if not qa_path.exists() or not answers_path.exists():
+    if not kept or not qa_path.exists() or not answers_path.exists():
         return exams
-    kept = _answered(settings, given, questions)[0]
     folder = RunFolder(given.out)
     held = read_exams(qa_path, answers_path, folder.key_points, given.grading.with_context)[0]
     answered = {exam.qa_id: exam for exam in held if exam.qa_id in kept}
